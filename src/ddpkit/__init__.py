@@ -1,0 +1,61 @@
+"""ddpkit: distributed data-parallel training for PyTorch, one script from 1 CPU to M nodes.
+
+Example:
+    >>> import ddpkit
+    >>> world = ddpkit.init()               # a world of one without a launcher
+    >>> world.world_size, ddpkit.is_main()
+    (1, True)
+    >>> ddpkit.shutdown()
+"""
+
+from ddpkit.collectives import (
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    get_rank,
+    is_main,
+    print0,
+    rank_zero_only,
+)
+from ddpkit.data import prepare_loader
+from ddpkit.errors import (
+    CheckpointError,
+    ConfigError,
+    DdpkitError,
+    NotInitializedError,
+    RendezvousError,
+    WorkerFailedError,
+)
+from ddpkit.launch import spawn
+from ddpkit.rendezvous import current_world, init, shutdown
+from ddpkit.strategy import prepare_model, unwrap_model
+from ddpkit.trainer import Trainer
+from ddpkit.world import World
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "ConfigError",
+    "DdpkitError",
+    "NotInitializedError",
+    "RendezvousError",
+    "Trainer",
+    "WorkerFailedError",
+    "World",
+    "__version__",
+    "all_reduce_mean",
+    "all_reduce_sum",
+    "barrier",
+    "current_world",
+    "get_rank",
+    "init",
+    "is_main",
+    "prepare_loader",
+    "prepare_model",
+    "print0",
+    "rank_zero_only",
+    "shutdown",
+    "spawn",
+    "unwrap_model",
+]

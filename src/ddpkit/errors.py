@@ -1,0 +1,83 @@
+"""Typed errors. Each says what failed, with the numbers, and how to fix it.
+
+Every error ddpkit raises on purpose derives from :class:`DdpkitError`, so a launcher or a
+user's ``try`` block can tell a configuration mistake from a bug.
+
+Example:
+    >>> try:
+    ...     raise ConfigError("--nproc must be >= 1 (got 0)")
+    ... except DdpkitError as err:
+    ...     print(err)
+    --nproc must be >= 1 (got 0)
+"""
+
+from __future__ import annotations
+
+
+class DdpkitError(Exception):
+    """Base class of every error ddpkit raises on purpose.
+
+    Example:
+        >>> issubclass(ConfigError, DdpkitError)
+        True
+    """
+
+
+class ConfigError(DdpkitError, ValueError):
+    """A setting, flag or environment variable has a value that cannot work.
+
+    Example:
+        >>> raise ConfigError("WORLD_SIZE='two' is not an integer")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: WORLD_SIZE='two' is not an integer
+    """
+
+
+class NotInitializedError(DdpkitError, RuntimeError):
+    """A ddpkit call needs the world, but ``ddpkit.init()`` has not run in this process.
+
+    Example:
+        >>> raise NotInitializedError("call ddpkit.init() first")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.NotInitializedError: call ddpkit.init() first
+    """
+
+
+class RendezvousError(DdpkitError, RuntimeError):
+    """The processes of a job could not find each other (store, address, port, timeout).
+
+    Example:
+        >>> raise RendezvousError("ranks did not join 127.0.0.1:29500 within 30 s")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.RendezvousError: ranks did not join 127.0.0.1:29500 within 30 s
+    """
+
+
+class WorkerFailedError(DdpkitError, RuntimeError):
+    """A worker process of a launched job failed; carries its rank, exit code and traceback.
+
+    Example:
+        >>> err = WorkerFailedError(rank=1, exitcode=1, detail="ValueError: bad batch")
+        >>> err.rank, err.exitcode
+        (1, 1)
+    """
+
+    def __init__(self, rank: int, exitcode: int, detail: str) -> None:
+        self.rank = rank
+        self.exitcode = exitcode
+        self.detail = detail
+        super().__init__(f"worker rank {rank} failed (exit code {exitcode}):\n{detail}")
+
+
+class CheckpointError(DdpkitError, RuntimeError):
+    """A checkpoint could not be written, read, or does not match the model it is loaded into.
+
+    Example:
+        >>> raise CheckpointError("runs/x/epoch_000002.pt is truncated")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.CheckpointError: runs/x/epoch_000002.pt is truncated
+    """
