@@ -3,6 +3,7 @@
 Example:
     >>> import ddpkit
     >>> world = ddpkit.init()               # a world of one without a launcher
+    ddpkit: world size 1 ...
     >>> world.world_size, ddpkit.is_main()
     (1, True)
     >>> ddpkit.shutdown()

@@ -22,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand.
 
     Example:
-        >>> build_parser().parse_args(["run", "--nproc", "2", "train.py", "--lr", "0.1"]).script_args
+        >>> args = build_parser().parse_args(["run", "--nproc", "2", "train.py", "--lr", "0.1"])
+        >>> args.script_args
         ['--lr', '0.1']
     """
     parser = argparse.ArgumentParser(
@@ -37,13 +38,25 @@ def build_parser() -> argparse.ArgumentParser:
         "launcher. Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, "
         "MASTER_ADDR and MASTER_PORT, so torchrun-style scripts run unchanged.",
     )
-    run.add_argument("--nproc", "--nproc-per-node", type=int, default=1, metavar="N",
-                     help="worker processes on this node (default: 1; one per GPU is usual)")
-    run.add_argument("--max-restarts", type=int, default=0, metavar="K",
-                     help="restart the whole worker group up to K times after a failure")
+    run.add_argument(
+        "--nproc",
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes on this node (default: 1; one per GPU is usual)",
+    )
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="K",
+        help="restart the whole worker group up to K times after a failure",
+    )
     run.add_argument("script", help="the training script (a .py file)")
-    run.add_argument("script_args", nargs=argparse.REMAINDER,
-                     help="arguments passed to the script unchanged")
+    run.add_argument(
+        "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script unchanged"
+    )
     return parser
 
 

@@ -8,6 +8,7 @@ depends only on the seed and the epoch, never on how many processes run. The Tra
 Example:
     >>> import torch, ddpkit
     >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
     >>> data = torch.utils.data.TensorDataset(torch.arange(10.0))
     >>> loader = prepare_loader(data, batch_size=4, shuffle=False)
     >>> [len(b[0]) for b in loader]
@@ -45,6 +46,7 @@ def prepare_loader(
     Example:
         >>> import torch, ddpkit
         >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
         >>> data = torch.utils.data.TensorDataset(torch.randn(8, 3))
         >>> len(prepare_loader(data, batch_size=2))
         4
@@ -72,9 +74,9 @@ def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
         >>> loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))
         >>> set_epoch(loader, 3)     # a plain sampler has nothing to set: no-op
     """
-    sampler = getattr(loader, "sampler", None)
-    if hasattr(sampler, "set_epoch"):
-        sampler.set_epoch(epoch)
+    set_sampler_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if callable(set_sampler_epoch):
+        set_sampler_epoch(epoch)
 
 
 def _check_arguments(dataset: object, batch_size: int, loader_kwargs: dict[str, Any]) -> None:

@@ -22,29 +22,35 @@ import os
 import pickle
 import socket
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from ddpkit.errors import ConfigError, WorkerFailedError
+from ddpkit.errors import ConfigError
+from ddpkit.failures import root_cause
 
 LOOPBACK = "127.0.0.1"
 RDZV_TIMEOUT_S = 900  # how long workers may take to join; torch's default
 
 
-def local_launch_config(nproc: int, max_restarts: int = 0) -> LaunchConfig:
+def local_launch_config(nproc: int, log_dir: str, max_restarts: int = 0) -> LaunchConfig:
     """A single-node launch of ``nproc`` workers with the store on loopback.
 
+    ``log_dir`` receives torch's per-worker error files (read back when a worker fails).
+
     Example:
-        >>> local_launch_config(2).nproc_per_node
+        >>> local_launch_config(2, tempfile.mkdtemp()).nproc_per_node
         2
     """
     check_nproc(nproc)
     return LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=nproc,
@@ -73,12 +79,11 @@ def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> list[Any]:
     """
     check_nproc(nprocs)
     _check_picklable(fn, args)
-    config = local_launch_config(nprocs)
-    with _environment(worker_env_defaults(nprocs)):
+    with _launch_scope(worker_env_defaults(nprocs)) as log_dir:
         try:
-            results = elastic_launch(config, fn)(*args)
+            results = elastic_launch(local_launch_config(nprocs, log_dir), fn)(*args)
         except ChildFailedError as err:
-            raise worker_failure(err) from None
+            raise root_cause(err, log_dir) from None
     return [results[rank] for rank in range(nprocs)]
 
 
@@ -94,14 +99,14 @@ def run_script(nproc: int, script: str, script_args: list[str], max_restarts: in
     """
     check_nproc(nproc)
     path = check_script(script)
-    config = local_launch_config(nproc, max_restarts=max_restarts)
     defaults = worker_env_defaults(nproc)
     _announce(nproc, defaults)
-    with _environment(defaults):
+    with _launch_scope(defaults) as log_dir:
+        config = local_launch_config(nproc, log_dir, max_restarts=max_restarts)
         try:
             elastic_launch(config, sys.executable)("-u", str(path), *script_args)
         except ChildFailedError as err:
-            raise worker_failure(err) from None
+            raise root_cause(err, log_dir) from None
 
 
 def check_nproc(nproc: object) -> None:
@@ -130,7 +135,9 @@ def check_script(script: str) -> Path:
     if not path.exists():
         raise ConfigError(f"script {script} does not exist (looked in {Path.cwd()})")
     if not path.is_file():
-        raise ConfigError(f"script {script} is a {'directory' if path.is_dir() else 'special file'}")
+        raise ConfigError(
+            f"script {script} is a {'directory' if path.is_dir() else 'special file'}"
+        )
     return path
 
 
@@ -151,27 +158,6 @@ def worker_env_defaults(nproc: int) -> dict[str, str]:
     return {k: v for k, v in defaults.items() if k not in os.environ}
 
 
-def worker_failure(err: ChildFailedError) -> WorkerFailedError:
-    """The first failed worker of ``err`` as a short WorkerFailedError with its traceback.
-
-    Example:
-        >>> worker_failure(child_failed_error).rank  # doctest: +SKIP
-        1
-    """
-    rank, failure = err.get_first_failure()
-    return WorkerFailedError(rank=rank, exitcode=failure.exitcode, detail=_failure_text(failure))
-
-
-def _failure_text(failure: ProcessFailure) -> str:
-    message: Any = failure.message
-    if isinstance(message, dict):
-        callstack = message.get("extraInfo", {}).get("py_callstack")
-        return str(callstack or message.get("message", message)).rstrip()
-    if failure.exitcode < 0:
-        return f"killed by signal {failure.signal_name()}"
-    return "see the worker's traceback above" if "pytorch.org" in str(message) else str(message)
-
-
 def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     # Workers are started with "spawn": fn and args travel pickled. A lambda or a nested
     # function would otherwise fail inside the child with a long, unrelated traceback.
@@ -186,18 +172,22 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set variables for the workers (they inherit them), then restore ours."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
+    """A temporary log folder for one launch, and the workers' environment around it.
+
+    Workers inherit ``env_values``. Our own environment is restored entirely afterwards:
+    torch's launcher also writes to the caller's (TORCHELASTIC_*), and an in-Python ``spawn``
+    must not leave that behind in the user's process.
+    """
+    saved = dict(os.environ)
+    os.environ.update(env_values)
     try:
-        yield
+        with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
+            yield log_dir
     finally:
-        for key, old in saved.items():
-            if old is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = old
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
 
 
 def _announce(nproc: int, defaults: dict[str, str]) -> None:

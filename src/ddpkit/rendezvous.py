@@ -8,6 +8,7 @@ happens even when training raises.
 Example:
     >>> import ddpkit
     >>> world = ddpkit.init()          # no launcher: a world of one, no process group
+    ddpkit: world size 1 ...
     >>> world.world_size
     1
     >>> ddpkit.shutdown()
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ddpkit.errors import NotInitializedError, RendezvousError
+from ddpkit.failures import install_error_file_hook
 from ddpkit.world import World
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; long collectives are legitimate
@@ -42,6 +44,7 @@ def init(backend: str | None = None, timeout: float | timedelta = DEFAULT_TIMEOU
     Example:
         >>> import ddpkit
         >>> ddpkit.init().rank
+        ddpkit: world size 1 ...
         0
         >>> ddpkit.shutdown()
     """
@@ -53,6 +56,7 @@ def init(backend: str | None = None, timeout: float | timedelta = DEFAULT_TIMEOU
         torch.cuda.set_device(world.device)
     if world.is_launched and not dist.is_initialized():
         _join_process_group(world, _as_timedelta(timeout))
+    install_error_file_hook()  # so the launcher can name this rank if it fails
     _current = world
     _register_teardown()
     if world.is_main:
@@ -79,6 +83,7 @@ def current_world() -> World:
     Example:
         >>> import ddpkit
         >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
         >>> ddpkit.current_world().world_size
         1
         >>> ddpkit.shutdown()

@@ -8,6 +8,7 @@ unwrapped; the training code is the same either way.
 Example:
     >>> import torch, ddpkit
     >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
     >>> model = ddpkit.prepare_model(torch.nn.Linear(4, 2))
     >>> type(unwrap_model(model)).__name__
     'Linear'
@@ -34,6 +35,7 @@ def prepare_model(model: nn.Module, strategy: str = "ddp") -> nn.Module:
     Example:
         >>> import torch, ddpkit
         >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
         >>> ddpkit.prepare_model(torch.nn.Linear(4, 2), strategy="none")
         Linear(in_features=4, out_features=2, bias=True)
         >>> ddpkit.shutdown()

@@ -8,10 +8,12 @@ progress bar and log lines come from rank 0 only, and rank 0 alone writes checkp
 Example:
     >>> import torch, torch.nn.functional as F, ddpkit
     >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
     >>> data = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
     >>> model = ddpkit.prepare_model(torch.nn.Linear(4, 2))
     >>> trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
-    >>> history = trainer.fit(ddpkit.prepare_loader(data, batch_size=8), epochs=1)  # doctest: +ELLIPSIS
+    >>> loader = ddpkit.prepare_loader(data, batch_size=8)
+    >>> history = trainer.fit(loader, epochs=1)  # doctest: +ELLIPSIS
     epoch 1/1 ...
     >>> ddpkit.shutdown()
 """
@@ -48,6 +50,7 @@ class Trainer:
     Example:
         >>> import torch, torch.nn.functional as F, ddpkit
         >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
         >>> model = ddpkit.prepare_model(torch.nn.Linear(3, 2))
         >>> opt = torch.optim.Adam(model.parameters())
         >>> Trainer(model, opt, F.cross_entropy).epoch
@@ -158,7 +161,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             outputs = self.model(inputs)
             loss = self.loss_fn(outputs, targets)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
             self.optimizer.step()
             sums.add(loss.detach(), outputs.detach(), targets)
         return {**sums.reduce(), "time_s": time.perf_counter() - start}
@@ -230,7 +233,8 @@ def _is_classification(outputs: torch.Tensor, targets: torch.Tensor) -> bool:
 
 def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
     # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs, pipes).
-    return tqdm(loader, desc=desc, leave=False, disable=None if is_main() else True)
+    bar: Iterable[Any] = tqdm(loader, desc=desc, leave=False, disable=None if is_main() else True)
+    return bar
 
 
 def _format_epoch(metrics: dict[str, float], epochs: int) -> str:

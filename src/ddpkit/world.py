@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -26,6 +26,25 @@ BACKENDS = ("gloo", "nccl", "mpi")
 # torchrun's contract. RANK and WORLD_SIZE are what identify a launched process; the rest
 # either come with them or can be derived.
 _TORCHRUN_REQUIRED = ("RANK", "WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Ranks and sizes as a launcher publishes them; :class:`World` adds device and backend.
+
+    Example:
+        >>> Topology().world_size
+        1
+    """
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    launcher: str = "none"
 
 
 @dataclass(frozen=True)
@@ -82,9 +101,7 @@ class World:
         )
 
     @classmethod
-    def detect(
-        cls, environ: Mapping[str, str] | None = None, backend: str | None = None
-    ) -> World:
+    def detect(cls, environ: Mapping[str, str] | None = None, backend: str | None = None) -> World:
         """Read the world from the launcher's environment and choose device and backend.
 
         Example:
@@ -94,13 +111,12 @@ class World:
             1
         """
         env = os.environ if environ is None else environ
-        topology = _torchrun_topology(env) or {}
-        local_rank = topology.get("local_rank", 0)
-        device = choose_device(local_rank)
-        return cls(**topology, device=device, backend=choose_backend(backend, device))
+        topology = _torchrun_topology(env) or Topology()
+        device = choose_device(topology.local_rank)
+        return cls(**asdict(topology), device=device, backend=choose_backend(backend, device))
 
 
-def _torchrun_topology(env: Mapping[str, str]) -> dict[str, object] | None:
+def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
     present = [name for name in _TORCHRUN_REQUIRED if name in env]
     if not present:
         return None
@@ -117,17 +133,17 @@ def _torchrun_topology(env: Mapping[str, str]) -> dict[str, object] | None:
     master_port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None
     _validate_ranks(rank, world_size, local_rank, local_world_size)
     _validate_master(world_size, env.get("MASTER_ADDR"), master_port)
-    return {
-        "rank": rank,
-        "world_size": world_size,
-        "local_rank": local_rank,
-        "local_world_size": local_world_size,
+    return Topology(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
         # GROUP_RANK is torch elastic's node index; plain env:// jobs only give ranks.
-        "node_rank": _int_var(env, "GROUP_RANK", default=rank // local_world_size),
-        "master_addr": env.get("MASTER_ADDR"),
-        "master_port": master_port,
-        "launcher": "torchrun",
-    }
+        node_rank=_int_var(env, "GROUP_RANK", default=rank // local_world_size),
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=master_port,
+        launcher="torchrun",
+    )
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> int:

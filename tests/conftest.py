@@ -1,0 +1,60 @@
+"""Shared fixtures: every test starts and ends with no process group and a clean environment."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+import ddpkit
+
+LAUNCHER_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+# pytest and torch's compiler caches set these themselves; they are not ours to police.
+_OWNED_ELSEWHERE = ("PYTEST_", "TORCHINDUCTOR_", "TRITON_")
+
+
+@pytest.fixture(autouse=True)
+def clean_distributed_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No launcher variables leak in; no process group or ddpkit world leaks out."""
+    before = dict(os.environ)
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+    yield
+    leftover_group = dist.is_initialized()
+    ddpkit.shutdown()
+    monkeypatch.undo()  # what a test set through monkeypatch is not a leak
+    leaked = _changed_variables(before)
+    for name in leaked:
+        if name in before:
+            os.environ[name] = before[name]
+        else:
+            del os.environ[name]
+    assert not leftover_group, "the test left a process group behind"
+    assert not leaked, f"the test leaked environment variables: {leaked}"
+
+
+def _changed_variables(before: dict[str, str]) -> list[str]:
+    names = {n for n in set(before) | set(os.environ) if not n.startswith(_OWNED_ELSEWHERE)}
+    return sorted(name for name in names if before.get(name) != os.environ.get(name))
+
+
+@pytest.fixture
+def torchrun_env(monkeypatch: pytest.MonkeyPatch):
+    """Set torchrun's variables for one test: torchrun_env(rank=1, world_size=2, ...)."""
+
+    def apply(**values: object) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(name.upper(), str(value))
+
+    return apply

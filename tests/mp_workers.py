@@ -1,0 +1,87 @@
+"""Worker functions for the multi-process tests (module level, so spawn can pickle them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import ddpkit
+import ddpkit.trainer
+
+
+def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, features, generator=generator)
+    y = torch.randint(0, classes, (n,), generator=generator)
+    return TensorDataset(x, y)
+
+
+def toy_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().clone() for k, v in ddpkit.unwrap_model(model).state_dict().items()}
+
+
+def world_fields() -> dict[str, object]:
+    world = ddpkit.init(timeout=60)
+    return {
+        "rank": world.rank,
+        "world_size": world.world_size,
+        "local_rank": world.local_rank,
+        "node_rank": world.node_rank,
+        "sum_of_ranks": ddpkit.all_reduce_sum(float(world.rank)),
+    }
+
+
+def sampler_indices(n: int, epochs: int) -> list[list[int]]:
+    """The dataset indices this rank sees in each epoch."""
+    ddpkit.init(timeout=60)
+    data = TensorDataset(torch.arange(n))
+    loader = ddpkit.prepare_loader(data, batch_size=3, shuffle=True)
+    seen = []
+    for epoch in range(epochs):
+        ddpkit.data.set_epoch(loader, epoch)
+        seen.append([int(i) for (batch,) in loader for i in batch])
+    return seen
+
+
+def sgd_steps(batch_size: int, epochs: int = 1, lr: float = 0.1) -> dict[str, torch.Tensor]:
+    """Train the toy model with plain SGD through ddpkit; return the final parameters."""
+    ddpkit.init(timeout=60)
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=batch_size), epochs=epochs)
+    return cpu_state(model)
+
+
+def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[str, object]:
+    """Adam on the toy task with checkpoints; records which epochs this rank saved."""
+    ddpkit.init(timeout=60)
+    saved: list[int] = []
+    real_save = ddpkit.trainer.save_checkpoint
+
+    def recording_save(state, where, epoch):  # observe the Trainer's writes on this rank
+        saved.append(epoch)
+        return real_save(state, where, epoch)
+
+    ddpkit.trainer.save_checkpoint = recording_save  # type: ignore[assignment]
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every)
+    history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=epochs)
+    return {"state": cpu_state(model), "saved": saved, "history": history}
+
+
+def fail_on_rank(bad_rank: int) -> None:
+    world = ddpkit.init(timeout=60)
+    if world.rank == bad_rank:
+        raise ValueError(f"boom on rank {world.rank}")
+    ddpkit.barrier()  # the healthy rank waits here; the launcher must stop it
