@@ -20,8 +20,8 @@ test: $(VENV)/.test-installed lint typecheck
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed
-	$(BIN)/ruff check src tests examples benchmarks
-	$(BIN)/ruff format --check src tests examples benchmarks
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy
