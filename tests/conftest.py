@@ -10,6 +10,9 @@ import torch.distributed as dist
 
 import ddpkit
 
+# Scripts run under `ddpkit run` only; importing them (doctest collection) would start them.
+collect_ignore = ["scripts"]
+
 LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",
