@@ -91,8 +91,10 @@ def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
     rank_offset = next((rank - pf.local_rank for rank, pf in err.failures.items()), 0)
     for local_rank, (text, timestamp) in _read_error_files(log_dir).items():
         rank = local_rank + rank_offset
+        # A worker that recorded an exception failed with it (exit code 1), even when the
+        # agent's SIGTERM reached it while it was still exiting.
         exitcode = reported[rank].exitcode if rank in reported else 1
-        reported[rank] = Failure(rank, exitcode, text, timestamp)
+        reported[rank] = Failure(rank, exitcode if exitcode > 0 else 1, text, timestamp)
     return list(reported.values())
 
 
