@@ -69,7 +69,8 @@ class WorkerFailedError(DdpkitError, RuntimeError):
         self.rank = rank
         self.exitcode = exitcode
         self.detail = detail
-        super().__init__(f"worker rank {rank} failed (exit code {exitcode}):\n{detail}")
+        how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
+        super().__init__(f"worker rank {rank} failed ({how}):\n{detail}")
 
 
 class CheckpointError(DdpkitError, RuntimeError):

@@ -99,9 +99,7 @@ def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
 
 
 def _from_process_failure(rank: int, failure: ProcessFailure) -> Failure:
-    text = _message_text(failure.message)
-    if not text and failure.exitcode < 0:
-        text = f"killed by signal {failure.signal_name()}"
+    text = _message_text(failure.message)  # torch describes signal deaths itself
     return Failure(rank, failure.exitcode, text or _NO_DETAIL, int(failure.timestamp))
 
 
