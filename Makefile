@@ -28,7 +28,6 @@ typecheck: $(VENV)/.test-installed
 
 $(VENV)/.torch-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	touch $@
 
