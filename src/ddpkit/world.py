@@ -14,18 +14,16 @@ Example:
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ddpkit.errors import ConfigError
+from ddpkit.hostlist import expand_hostlist
 
 BACKENDS = ("gloo", "nccl", "mpi")
-
-# torchrun's contract. RANK and WORLD_SIZE are what identify a launched process; the rest
-# either come with them or can be derived.
-_TORCHRUN_REQUIRED = ("RANK", "WORLD_SIZE")
 
 
 @dataclass(frozen=True)
@@ -111,39 +109,152 @@ class World:
             1
         """
         env = os.environ if environ is None else environ
-        topology = _torchrun_topology(env) or Topology()
+        topology = detect_topology(env)
         device = choose_device(topology.local_rank)
         return cls(**asdict(topology), device=device, backend=choose_backend(backend, device))
 
 
+def detect_topology(env: Mapping[str, str]) -> Topology:
+    """Ranks and sizes from the first launcher contract present: torchrun, SLURM, OpenMPI.
+
+    torchrun's variables win: ``srun ddpkit run`` workers carry SLURM's variables too, but
+    their ranks are the ones ``ddpkit run`` assigned.
+
+    Example:
+        >>> detect_topology({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}).launcher
+        'mpi'
+    """
+    for detector in (_torchrun_topology, _slurm_topology, _mpi_topology):
+        topology = detector(env)
+        if topology is not None:
+            _validate_ranks(topology)
+            _validate_master(topology)
+            return topology
+    return Topology()
+
+
 def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
-    present = [name for name in _TORCHRUN_REQUIRED if name in env]
-    if not present:
+    if not _contract_present(env, ("RANK", "WORLD_SIZE"), "torchrun"):
         return None
-    missing = [name for name in _TORCHRUN_REQUIRED if name not in env]
-    if missing:
-        raise ConfigError(
-            f"{', '.join(present)} is set but {', '.join(missing)} is not: a launched process "
-            "needs both. Start the job with `ddpkit run` or torchrun, or unset "
-            f"{', '.join(present)} to run as a single process."
-        )
     rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
     local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
-    local_rank = _int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size))
-    master_port = _int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None
-    _validate_ranks(rank, world_size, local_rank, local_world_size)
-    _validate_master(world_size, env.get("MASTER_ADDR"), master_port)
     return Topology(
         rank=rank,
-        local_rank=local_rank,
+        local_rank=_int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
         world_size=world_size,
         local_world_size=local_world_size,
         # GROUP_RANK is torch elastic's node index; plain env:// jobs only give ranks.
-        node_rank=_int_var(env, "GROUP_RANK", default=rank // local_world_size),
+        node_rank=_int_var(env, "GROUP_RANK", default=rank // max(1, local_world_size)),
         master_addr=env.get("MASTER_ADDR"),
-        master_port=master_port,
+        master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
         launcher="torchrun",
     )
+
+
+def _slurm_topology(env: Mapping[str, str]) -> Topology | None:
+    """One SLURM task per worker (``srun -n 8 python train.py``)."""
+    if not _contract_present(env, ("SLURM_PROCID", "SLURM_NTASKS"), "SLURM"):
+        return None
+    node = _int_var(env, "SLURM_NODEID", default=0)
+    tasks_here = slurm_tasks_on_node(env, node)
+    return Topology(
+        rank=_int_var(env, "SLURM_PROCID"),
+        local_rank=_int_var(env, "SLURM_LOCALID", default=0),
+        world_size=_int_var(env, "SLURM_NTASKS"),
+        local_world_size=tasks_here,
+        node_rank=node,
+        master_addr=env.get("MASTER_ADDR") or slurm_first_host(env),
+        master_port=_int_var(env, "MASTER_PORT", default=slurm_port(env)),
+        launcher="slurm",
+    )
+
+
+def _mpi_topology(env: Mapping[str, str]) -> Topology | None:
+    """OpenMPI's ranks (``mpirun -np 2 python train.py``)."""
+    prefix = "OMPI_COMM_WORLD_"
+    if not _contract_present(env, (prefix + "RANK", prefix + "SIZE"), "OpenMPI"):
+        return None
+    size = _int_var(env, prefix + "SIZE")
+    local_size = _int_var(env, prefix + "LOCAL_SIZE", default=size)
+    single_node = local_size == size
+    return Topology(
+        rank=_int_var(env, prefix + "RANK"),
+        local_rank=_int_var(env, prefix + "LOCAL_RANK", default=0),
+        world_size=size,
+        local_world_size=local_size,
+        node_rank=_int_var(env, prefix + "NODE_RANK", default=0),
+        # One node: every rank can reach rank 0 on loopback. Several: the user must say where.
+        master_addr=env.get("MASTER_ADDR") or ("127.0.0.1" if single_node else None),
+        master_port=_int_var(env, "MASTER_PORT", default=_job_port(env.get("PMIX_NAMESPACE"))),
+        launcher="mpi",
+    )
+
+
+def _contract_present(env: Mapping[str, str], required: tuple[str, ...], name: str) -> bool:
+    present = [var for var in required if var in env]
+    if not present:
+        return False
+    missing = [var for var in required if var not in env]
+    if missing:
+        raise ConfigError(
+            f"{', '.join(present)} is set but {', '.join(missing)} is not: a {name}-launched "
+            "process needs both. Start the job with its launcher (`ddpkit run`, torchrun, "
+            f"srun, mpirun), or unset {', '.join(present)} to run as a single process."
+        )
+    return True
+
+
+def slurm_first_host(env: Mapping[str, str]) -> str | None:
+    """The first host of the job's node list: where rank 0 runs.
+
+    Example:
+        >>> slurm_first_host({"SLURM_JOB_NODELIST": "gpu[03-04]"})
+        'gpu03'
+    """
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    return expand_hostlist(nodelist)[0] if nodelist else None
+
+
+def slurm_port(env: Mapping[str, str]) -> int:
+    """A rendezvous port every task of the job derives alike: 20000 + job id % 10000.
+
+    Below Linux's ephemeral range (32768+), so the OS does not hand it out to clients.
+
+    Example:
+        >>> slurm_port({"SLURM_JOB_ID": "123456"})
+        23456
+    """
+    job_id = _int_var(env, "SLURM_JOB_ID", default=0)
+    return 20000 + job_id % 10000
+
+
+def slurm_tasks_on_node(env: Mapping[str, str], node: int) -> int:
+    """Tasks on node ``node``, from SLURM's ``2(x3),1`` per-node task counts.
+
+    Example:
+        >>> slurm_tasks_on_node({"SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}, 2)
+        1
+    """
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return _int_var(env, "SLURM_NTASKS_PER_NODE", default=_int_var(env, "SLURM_NTASKS"))
+    counts: list[int] = []
+    for part in spec.split(","):
+        count, _, repeat = part.partition("(x")
+        try:
+            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
+        except ValueError:
+            raise ConfigError(f"SLURM_TASKS_PER_NODE={spec!r} is not like '2(x3),1'") from None
+    if not 0 <= node < len(counts):
+        raise ConfigError(f"SLURM_NODEID={node} but tasks are listed for {len(counts)} node(s)")
+    return counts[node]
+
+
+def _job_port(job_key: str | None) -> int:
+    """A port all ranks of one job agree on without talking: derived from a job-unique key."""
+    if not job_key:
+        return 29500  # torch's customary default
+    return 20000 + zlib.crc32(job_key.encode()) % 10000
 
 
 def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -158,26 +269,36 @@ def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> i
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
-def _validate_ranks(rank: int, size: int, local_rank: int, local_size: int) -> None:
+def _validate_ranks(t: Topology) -> None:
+    size, local_size = t.world_size, t.local_world_size
     if size < 1 or local_size < 1:
-        raise ConfigError(f"WORLD_SIZE={size} and LOCAL_WORLD_SIZE={local_size} must be >= 1")
-    if not 0 <= rank < size:
-        raise ConfigError(f"RANK={rank} is outside 0..{size - 1} (WORLD_SIZE={size})")
-    if not 0 <= local_rank < local_size:
+        raise ConfigError(f"world size {size} and processes per node {local_size} must be >= 1")
+    if not 0 <= t.rank < size:
         raise ConfigError(
-            f"LOCAL_RANK={local_rank} is outside 0..{local_size - 1} "
-            f"(LOCAL_WORLD_SIZE={local_size})"
+            f"rank {t.rank} is outside 0..{size - 1} (world size {size}, from {t.launcher})"
+        )
+    if not 0 <= t.local_rank < local_size:
+        raise ConfigError(
+            f"local rank {t.local_rank} is outside 0..{local_size - 1} "
+            f"({local_size} processes per node)"
+        )
+    nodes = -(-size // local_size)
+    if not 0 <= t.node_rank < nodes:
+        raise ConfigError(
+            f"node rank {t.node_rank} is outside 0..{nodes - 1}: world size {size} / "
+            f"{local_size} processes per node = {nodes} node(s)"
         )
 
 
-def _validate_master(size: int, addr: str | None, port: int | None) -> None:
-    if size > 1 and (addr is None or port is None):
+def _validate_master(t: Topology) -> None:
+    if t.world_size > 1 and (t.master_addr is None or t.master_port is None):
         raise ConfigError(
-            f"WORLD_SIZE={size} but MASTER_ADDR/MASTER_PORT are not set: rank 0's address "
-            "is needed to meet. Launch with `ddpkit run` (it sets them) or export both."
+            f"world size {t.world_size} ({t.launcher}) but MASTER_ADDR/MASTER_PORT are not set: "
+            "rank 0's address is needed to meet. Launch with `ddpkit run` (it sets them) or "
+            "export both (mpirun: -x MASTER_ADDR -x MASTER_PORT)."
         )
-    if port is not None and not 0 < port < 65536:
-        raise ConfigError(f"MASTER_PORT={port} is not a TCP port (1..65535)")
+    if t.master_port is not None and not 0 < t.master_port < 65536:
+        raise ConfigError(f"MASTER_PORT={t.master_port} is not a TCP port (1..65535)")
 
 
 def choose_device(local_rank: int) -> torch.device:

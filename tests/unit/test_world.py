@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -50,14 +52,15 @@ def test_world_is_frozen() -> None:
     ("change", "message"),
     [
         ({"RANK": "two"}, "RANK='two' is not an integer"),
-        ({"RANK": "4"}, "RANK=4 is outside 0..3"),
-        ({"LOCAL_RANK": "2"}, "LOCAL_RANK=2 is outside 0..1"),
+        ({"RANK": "4"}, "rank 4 is outside 0..3 (world size 4, from torchrun)"),
+        ({"LOCAL_RANK": "2"}, "local rank 2 is outside 0..1"),
+        ({"GROUP_RANK": "2"}, "node rank 2 is outside 0..1: world size 4 / 2 processes per node"),
         ({"WORLD_SIZE": "0"}, "must be >= 1"),
         ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000 is not a TCP port"),
     ],
 )
 def test_bad_values_name_the_variable(change: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         World.detect(environ={**TORCHRUN, **change})
 
 
@@ -86,3 +89,68 @@ def test_describe_names_sizes_backend_and_device() -> None:
     text = World.detect(environ=TORCHRUN).describe()
     assert "world size 4" in text and "2 processes per node x 2 nodes" in text
     assert "backend gloo" in text and "device cpu" in text
+
+
+SLURM_ONE_TASK_PER_GPU = {
+    "SLURM_PROCID": "5",
+    "SLURM_LOCALID": "1",
+    "SLURM_NTASKS": "8",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+    "SLURM_JOB_NODELIST": "gpu[03-04]",
+    "SLURM_JOB_ID": "4242",
+}
+
+
+def test_slurm_tasks_are_ranks() -> None:
+    world = World.detect(environ=SLURM_ONE_TASK_PER_GPU)
+    assert (world.rank, world.local_rank, world.world_size) == (5, 1, 8)
+    assert (world.local_world_size, world.node_rank, world.launcher) == (4, 1, "slurm")
+    assert (world.master_addr, world.master_port) == ("gpu03", 24242)
+
+
+def test_slurm_explicit_master_wins() -> None:
+    env = {**SLURM_ONE_TASK_PER_GPU, "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29400"}
+    world = World.detect(environ=env)
+    assert (world.master_addr, world.master_port) == ("10.1.2.3", 29400)
+
+
+def test_torchrun_variables_win_over_slurm_ones() -> None:
+    # `srun ddpkit run train.py`: workers inherit SLURM_* but their ranks come from ddpkit run
+    world = World.detect(environ={**SLURM_ONE_TASK_PER_GPU, **TORCHRUN})
+    assert (world.rank, world.launcher) == (3, "torchrun")
+
+
+def test_slurm_uneven_tasks_per_node() -> None:
+    env = {**SLURM_ONE_TASK_PER_GPU, "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NTASKS": "7",
+           "SLURM_PROCID": "6", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "n[1-3]"}  # fmt: skip
+    assert World.detect(environ=env).local_world_size == 2
+
+
+def test_openmpi_ranks_on_one_node_meet_on_loopback() -> None:
+    env = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "PMIX_NAMESPACE": "prterun-host-1234@1",
+    }
+    world = World.detect(environ=env)
+    assert (world.rank, world.world_size, world.local_rank, world.launcher) == (1, 2, 1, "mpi")
+    assert world.master_addr == "127.0.0.1"
+    other = World.detect(
+        environ={**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    )
+    assert other.master_port == world.master_port  # ranks agree on the port without talking
+
+
+def test_openmpi_across_nodes_needs_an_address() -> None:
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}  # fmt: skip
+    with pytest.raises(ConfigError, match="mpirun: -x MASTER_ADDR -x MASTER_PORT"):
+        World.detect(environ=env)
+
+
+def test_half_set_slurm_contract() -> None:
+    with pytest.raises(ConfigError, match="SLURM_PROCID is set but SLURM_NTASKS is not"):
+        World.detect(environ={"SLURM_PROCID": "0"})
