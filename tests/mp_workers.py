@@ -85,3 +85,15 @@ def fail_on_rank(bad_rank: int) -> None:
     if world.rank == bad_rank:
         raise ValueError(f"boom on rank {world.rank}")
     ddpkit.barrier()  # the healthy rank waits here; the launcher must stop it
+
+
+def init_with_url(url: str) -> dict[str, object]:
+    """The tutorials' style: an explicit init URL, rank and world size."""
+    import os
+
+    rank = int(os.environ["RANK"])  # the test harness's launcher numbers the processes
+    world = ddpkit.init(init_method=url, rank=rank, world_size=2, join_timeout=30)
+    return {
+        "sum_of_ranks": ddpkit.all_reduce_sum(float(world.rank)),
+        "master": f"tcp://{world.master_addr}:{world.master_port}",
+    }

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import sys
 from datetime import timedelta
 
@@ -25,20 +26,36 @@ import torch.distributed as dist
 
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.failures import install_error_file_hook
+from ddpkit.initmethod import InitMethod, parse_init_method
+from ddpkit.stores import await_all_ranks, open_store
 from ddpkit.world import World
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; long collectives are legitimate
+LOCAL_JOIN_TIMEOUT_S = 30.0  # ranks on one machine start within seconds of each other
+REMOTE_JOIN_TIMEOUT_S = 300.0  # other machines may still be pulling images or data
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 
 _current: World | None = None
 _atexit_registered = False
 
 
-def init(backend: str | None = None, timeout: float | timedelta = DEFAULT_TIMEOUT_S) -> World:
+def init(
+    backend: str | None = None,
+    timeout: float | timedelta = DEFAULT_TIMEOUT_S,
+    *,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    join_timeout: float | None = None,
+) -> World:
     """Join the job and return this process's :class:`World`.
 
-    Reads the launcher's environment (torchrun / ``ddpkit run`` contract); with none, this is
-    a world of one and no process group is created. ``backend`` defaults to nccl on CUDA and
-    gloo otherwise. ``timeout`` (seconds) bounds the rendezvous and every collective.
+    Reads the launcher's environment (torchrun / ``ddpkit run``, SLURM, OpenMPI); with none,
+    this is a world of one and no process group is created. The tutorials' style works too:
+    ``init_method`` is ``env://``, ``tcp://HOST:PORT`` or ``file:///PATH`` with ``rank`` and
+    ``world_size`` given. ``backend`` defaults to nccl on CUDA and gloo otherwise.
+    ``join_timeout`` (seconds) bounds how long ranks wait for each other at start (default
+    30 on one machine, 300 across machines); ``timeout`` bounds every collective afterwards.
     Calling it again returns the same world.
 
     Example:
@@ -51,16 +68,18 @@ def init(backend: str | None = None, timeout: float | timedelta = DEFAULT_TIMEOU
     global _current
     if _current is not None:
         return _current
-    world = World.detect(backend=backend)
+    method = parse_init_method(init_method) if init_method else None
+    world = _with_endpoint(World.detect(backend=backend, rank=rank, world_size=world_size), method)
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
-    if world.is_launched and not dist.is_initialized():
-        _join_process_group(world, _as_timedelta(timeout))
-    install_error_file_hook()  # so the launcher can name this rank if it fails
+    if (world.is_launched or method is not None) and not dist.is_initialized():
+        method = method or InitMethod("env")
+        _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
     _current = world
     _register_teardown()
+    install_error_file_hook()  # so the launcher can name this rank if it fails
     if world.is_main:
-        print(f"ddpkit: {world.describe()}", flush=True)
+        print(f"ddpkit: {world.describe()}{_backend_reason(backend, world)}", flush=True)
     return world
 
 
@@ -101,23 +120,50 @@ def world_or_none() -> World | None:
     return _current
 
 
-def _join_process_group(world: World, timeout: timedelta) -> None:
+def _join_process_group(
+    world: World, method: InitMethod, timeout: timedelta, join_timeout: float | None
+) -> None:
+    join_s = join_timeout if join_timeout is not None else default_join_timeout(world, method)
+    where = method.path if method.kind == "file" else f"{world.master_addr}:{world.master_port}"
+    store = open_store(world, method, join_s)
+    await_all_ranks(store, world, join_s, str(where))
     try:
         dist.init_process_group(
             backend=world.backend,
-            init_method="env://",
+            store=store,
             rank=world.rank,
             world_size=world.world_size,
             timeout=timeout,
         )
     except (RuntimeError, ValueError) as err:  # DistStoreError / DistNetworkError subclass these
-        where = f"{world.master_addr}:{world.master_port}"
         raise RendezvousError(
-            f"rank {world.rank} of {world.world_size} could not join the process group at "
-            f"{where} (backend {world.backend}, timeout {timeout.total_seconds():.0f} s): "
-            f"{_first_line(err)}. Check that rank 0 is running, that {where} is reachable "
-            "from this host, and that every process was started with the same WORLD_SIZE."
+            f"rank {world.rank} of {world.world_size} met its peers at {where} but the "
+            f"{world.backend} process group failed to start: {_first_line(err)}"
         ) from err
+
+
+def default_join_timeout(world: World, method: InitMethod) -> float:
+    """30 s when every rank is on this machine (loopback or a file), 300 s across machines.
+
+    Example:
+        >>> default_join_timeout(World(), InitMethod("file", path="/tmp/pg"))
+        30.0
+    """
+    local = method.kind == "file" or world.master_addr in _LOOPBACK_NAMES
+    return LOCAL_JOIN_TIMEOUT_S if local else REMOTE_JOIN_TIMEOUT_S
+
+
+def _with_endpoint(world: World, method: InitMethod | None) -> World:
+    """tcp:// names rank 0's address itself; record it in the world."""
+    if method is None or method.kind != "tcp":
+        return world
+    return dataclasses.replace(world, master_addr=method.host, master_port=method.port)
+
+
+def _backend_reason(requested: str | None, world: World) -> str:
+    if requested is not None:
+        return ""
+    return " (CUDA is available)" if world.device.type == "cuda" else " (no CUDA GPU visible)"
 
 
 def _first_line(err: BaseException) -> str:

@@ -43,6 +43,8 @@ class Topology:
     master_addr: str | None = None
     master_port: int | None = None
     launcher: str = "none"
+    # torch elastic's agent hosts the store at MASTER_PORT; rank 0 must not start another.
+    agent_store: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class World:
     master_addr: str | None = None
     master_port: int | None = None
     launcher: str = "none"
+    agent_store: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -99,7 +102,13 @@ class World:
         )
 
     @classmethod
-    def detect(cls, environ: Mapping[str, str] | None = None, backend: str | None = None) -> World:
+    def detect(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        backend: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> World:
         """Read the world from the launcher's environment and choose device and backend.
 
         Example:
@@ -109,7 +118,10 @@ class World:
             1
         """
         env = os.environ if environ is None else environ
-        topology = detect_topology(env)
+        if rank is None and world_size is None:
+            topology = detect_topology(env)
+        else:
+            topology = explicit_topology(rank, world_size, env)
         device = choose_device(topology.local_rank)
         return cls(**asdict(topology), device=device, backend=choose_backend(backend, device))
 
@@ -133,6 +145,35 @@ def detect_topology(env: Mapping[str, str]) -> Topology:
     return Topology()
 
 
+def explicit_topology(rank: int | None, world_size: int | None, env: Mapping[str, str]) -> Topology:
+    """Ranks given in code, as the tutorials pass them with ``--dist-url`` (tcp:// or file://).
+
+    Processes are assumed to share one node unless LOCAL_WORLD_SIZE says otherwise.
+
+    Example:
+        >>> explicit_topology(1, 2, {}).local_rank
+        1
+    """
+    if rank is None or world_size is None:
+        raise ConfigError(
+            f"rank and world_size go together (got rank={rank}, world_size={world_size}); "
+            "pass both, or neither to read them from the launcher"
+        )
+    local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
+    topology = Topology(
+        rank=rank,
+        local_rank=_int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=rank // max(1, local_world_size),
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
+        launcher="explicit",
+    )
+    _validate_ranks(topology)
+    return topology
+
+
 def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
     if not _contract_present(env, ("RANK", "WORLD_SIZE"), "torchrun"):
         return None
@@ -148,6 +189,7 @@ def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
         master_addr=env.get("MASTER_ADDR"),
         master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
         launcher="torchrun",
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
 
 

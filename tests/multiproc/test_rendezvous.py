@@ -1,0 +1,86 @@
+"""Every way ranks can fail to meet ends in a clear, quick error (real sockets and files)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ddpkit
+import mp_workers
+from ddpkit import ConfigError, RendezvousError
+
+pytestmark = pytest.mark.multiproc
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def listening_socket() -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    yield int(sock.getsockname()[1])
+    sock.close()
+
+
+def test_port_in_use_names_address_and_pid_quickly(torchrun_env, listening_socket: int) -> None:
+    torchrun_env(rank=0, world_size=2, master_addr="127.0.0.1", master_port=listening_socket)
+    start = time.monotonic()
+    with pytest.raises(RendezvousError) as caught:
+        ddpkit.init(join_timeout=30)
+    assert time.monotonic() - start < 5
+    assert f"127.0.0.1:{listening_socket} is in use (by pid {os.getpid()})" in str(caught.value)
+
+
+def test_missing_ranks_are_named(torchrun_env) -> None:
+    torchrun_env(rank=0, world_size=3, master_addr="127.0.0.1", master_port=free_port())
+    start = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"ranks 1,2 did not join 127\.0\.0\.1:\d+ within 2 s "
+                       r"\(1 of 3 joined\)"):  # fmt: skip
+        ddpkit.init(join_timeout=2)
+    assert time.monotonic() - start < 10
+
+
+def test_unreachable_master_is_named(torchrun_env) -> None:
+    port = free_port()  # nobody listens here
+    torchrun_env(rank=1, world_size=2, master_addr="127.0.0.1", master_port=port)
+    with pytest.raises(RendezvousError, match=f"could not reach the rendezvous store at "
+                       f"127.0.0.1:{port} within 2 s"):  # fmt: skip
+        ddpkit.init(join_timeout=2)
+
+
+def test_inconsistent_explicit_ranks_show_the_arithmetic() -> None:
+    with pytest.raises(ConfigError, match=r"rank 2 is outside 0\.\.1 \(world size 2"):
+        ddpkit.init(init_method="tcp://127.0.0.1:29999", rank=2, world_size=2)
+
+
+def test_automatic_backend_says_why(capsys: pytest.CaptureFixture[str]) -> None:
+    ddpkit.init()
+    assert "backend gloo, device cpu (no CUDA GPU visible)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "file"])
+def test_tutorial_style_init_methods_form_a_group(scheme: str, tmp_path: Path) -> None:
+    url = f"tcp://127.0.0.1:{free_port()}" if scheme == "tcp" else f"file://{tmp_path}/pg"
+    results = ddpkit.spawn(mp_workers.init_with_url, 2, url)
+    assert [r["sum_of_ranks"] for r in results] == [1.0, 1.0]
+    if scheme == "tcp":  # the world records the address the URL named
+        assert [r["master"] for r in results] == [url, url]
+
+
+def test_a_stale_file_store_does_not_freeze_the_next_run(tmp_path: Path) -> None:
+    store_file = tmp_path / "pg"
+    store_file.write_bytes(b"\x08\x00\x00\x00refcount\x01\x00\x00\x003")  # a killed run's leftovers
+    old = time.time() - 3600
+    os.utime(store_file, (old, old))
+    results = ddpkit.spawn(mp_workers.init_with_url, 2, f"file://{store_file}")
+    assert [r["sum_of_ranks"] for r in results] == [1.0, 1.0]
