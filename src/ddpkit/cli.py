@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ddpkit import __version__
-from ddpkit.errors import ConfigError, DdpkitError, WorkerFailedError
+from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
+from ddpkit.plan import LaunchPlan, plan_from_slurm
+from ddpkit.world import slurm_nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +55,44 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="restart the whole worker group up to K times after a failure",
     )
+    nodes = run.add_argument_group("several nodes (run the same command on each)")
+    nodes.add_argument(
+        "--nnodes",
+        default=None,
+        metavar="N|MIN:MAX",
+        help="number of nodes; MIN:MAX for an elastic job (default: 1)",
+    )
+    nodes.add_argument(
+        "--node-rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="this node's index, 0 on the master's node (static, with --master)",
+    )
+    nodes.add_argument(
+        "--master",
+        default=None,
+        metavar="ADDR:PORT",
+        help="node 0's address and a free port there (static rendezvous)",
+    )
+    nodes.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="where nodes meet (dynamic rendezvous; node ranks are assigned)",
+    )
+    nodes.add_argument(
+        "--rdzv-id",
+        default=None,
+        metavar="ID",
+        help="a job id shared by all nodes of one dynamic job",
+    )
+    nodes.add_argument(
+        "--local-addr",
+        default=None,
+        metavar="ADDR",
+        help="this node's address as the others reach it (default: its FQDN)",
+    )
     run.add_argument("script", help="the training script (a .py file)")
     run.add_argument(
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script unchanged"
@@ -83,10 +123,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.max_restarts < 0:
-        raise ConfigError(f"--max-restarts must be >= 0 (got {args.max_restarts})")
-    run_script(args.nproc, args.script, args.script_args, max_restarts=args.max_restarts)
+    run_script(launch_plan(args), args.script, args.script_args)
     return 0
+
+
+def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchPlan:
+    """The plan the ``run`` flags ask for; inside a SLURM step, nodes come from SLURM.
+
+    Example:
+        >>> args = build_parser().parse_args(["run", "--nproc", "2", "train.py"])
+        >>> launch_plan(args, environ={}).mode
+        'local'
+    """
+    flags = {"nnodes": args.nnodes, "master": args.master, "rdzv_endpoint": args.rdzv_endpoint}
+    plan = LaunchPlan(
+        nproc=args.nproc,
+        nnodes=args.nnodes or "1",
+        node_rank=args.node_rank,
+        master=args.master,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        local_addr=args.local_addr,
+        **({"rdzv_id": args.rdzv_id} if args.rdzv_id else {}),
+    )
+    job = slurm_nodes(environ)
+    if job is not None and not any(flags.values()):  # `srun ddpkit run train.py`
+        plan = plan_from_slurm(plan, job)
+    return plan
 
 
 def _exit_code(worker_exitcode: int) -> int:

@@ -3,9 +3,8 @@
 ``run_script`` (behind ``ddpkit run``) and ``spawn`` (in Python) both build a torch
 ``LaunchConfig`` and hand it to ``elastic_launch``: torch's agent creates, watches and stops
 the workers and publishes torchrun's environment contract to them. ddpkit chooses the
-single-node rendezvous (a c10d store on loopback, port picked by the OS at bind time, so no
-find-then-bind race), sensible per-worker thread counts, and turns failures into short,
-typed errors.
+rendezvous (see ``ddpkit.plan``), sensible per-worker thread counts, and turns failures into
+short, typed errors.
 
 Example:
     >>> import ddpkit
@@ -23,103 +22,75 @@ import pickle
 import socket
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit.errors import ConfigError
 from ddpkit.failures import root_cause
-
-LOOPBACK = "127.0.0.1"
-RDZV_TIMEOUT_S = 900  # how long workers may take to join; torch's default
+from ddpkit.plan import LaunchPlan, to_launch_config
 
 
-def local_launch_config(nproc: int, log_dir: str, max_restarts: int = 0) -> LaunchConfig:
-    """A single-node launch of ``nproc`` workers with the store on loopback.
-
-    ``log_dir`` receives torch's per-worker error files (read back when a worker fails).
-
-    Example:
-        >>> local_launch_config(2, tempfile.mkdtemp()).nproc_per_node
-        2
-    """
-    check_nproc(nproc)
-    return LaunchConfig(
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"ddpkit-{uuid.uuid4().hex[:12]}",
-        rdzv_backend="c10d",
-        # Port 0: the store binds a free port itself; workers get it as MASTER_PORT.
-        rdzv_endpoint=f"{LOOPBACK}:0",
-        rdzv_configs={"timeout": RDZV_TIMEOUT_S, "is_host": True},
-        local_addr=LOOPBACK,
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-
-
-def spawn(fn: Callable[..., Any], nprocs: int, *args: Any) -> list[Any]:
-    """Run ``fn(*args)`` in ``nprocs`` local worker processes; return results by rank.
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *args: Any,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master: str | None = None,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``nprocs`` worker processes on this node; results by local rank.
 
     Each worker gets torchrun's environment, so ``ddpkit.init()`` inside ``fn`` joins the
-    group. ``fn`` and ``args`` must be picklable (a module-level function). If a worker
-    raises, :class:`WorkerFailedError` carries its rank and traceback; the others are stopped.
+    group. Across machines, call it on every node with the same ``nnodes`` and ``master``
+    ("ADDR:PORT" of node 0) and this node's ``node_rank``; ranks follow the tutorials'
+    ``global_rank = node_rank * nprocs + local_rank``. ``fn`` and ``args`` must be picklable
+    (a module-level function). If a worker raises, :class:`WorkerFailedError` carries its
+    rank and traceback, and the other workers are stopped.
 
     Example:
         >>> ddpkit.spawn(train, 2, "runs/exp1")  # doctest: +SKIP
         [None, None]
+        >>> ddpkit.spawn(train, 4, nnodes=2, node_rank=1, master="10.0.0.1:29500")  # doctest: +SKIP
     """
-    check_nproc(nprocs)
+    plan = LaunchPlan(
+        nproc=nprocs,
+        nnodes=str(nnodes),
+        node_rank=node_rank if nnodes > 1 or master else None,
+        master=master,
+    )
     _check_picklable(fn, args)
-    with _launch_scope(worker_env_defaults(nprocs)) as log_dir:
+    with _launch_scope(worker_env_defaults(plan)) as log_dir:
         try:
-            results = elastic_launch(local_launch_config(nprocs, log_dir), fn)(*args)
+            results = elastic_launch(to_launch_config(plan, log_dir), fn)(*args)
         except ChildFailedError as err:
             raise root_cause(err, log_dir) from None
-    return [results[rank] for rank in range(nprocs)]
+    first = node_rank * nprocs
+    return [results[first + local] for local in range(nprocs)]
 
 
-def run_script(nproc: int, script: str, script_args: list[str], max_restarts: int = 0) -> None:
-    """Launch ``python script *script_args`` as ``nproc`` workers on this node.
+def run_script(plan: LaunchPlan, script: str, script_args: list[str]) -> None:
+    """Launch ``python script *script_args`` as ``plan.nproc`` workers on this node.
 
     Any torchrun-style script works unchanged: it sees RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Raises :class:`WorkerFailedError` when a
     worker fails.
 
     Example:
-        >>> run_script(2, "examples/wine.py", ["--epochs", "5"])  # doctest: +SKIP
+        >>> run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])  # doctest: +SKIP
     """
-    check_nproc(nproc)
     path = check_script(script)
-    defaults = worker_env_defaults(nproc)
-    _announce(nproc, defaults)
+    defaults = worker_env_defaults(plan)
+    _announce(plan, defaults)
     with _launch_scope(defaults) as log_dir:
-        config = local_launch_config(nproc, log_dir, max_restarts=max_restarts)
+        config = to_launch_config(plan, log_dir)
         try:
             elastic_launch(config, sys.executable)("-u", str(path), *script_args)
         except ChildFailedError as err:
             raise root_cause(err, log_dir) from None
-
-
-def check_nproc(nproc: object) -> None:
-    """Reject a process count that cannot work, naming the value.
-
-    Example:
-        >>> check_nproc(0)
-        Traceback (most recent call last):
-        ...
-        ddpkit.errors.ConfigError: --nproc must be a positive integer (got 0)
-    """
-    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
-        raise ConfigError(f"--nproc must be a positive integer (got {nproc!r})")
 
 
 def check_script(script: str) -> Path:
@@ -141,19 +112,21 @@ def check_script(script: str) -> Path:
     return path
 
 
-def worker_env_defaults(nproc: int) -> dict[str, str]:
-    """Environment defaults for local workers; variables the user already set are kept.
+def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
+    """Environment defaults for this node's workers; variables the user already set are kept.
 
     OMP_NUM_THREADS splits the cores between workers (oversubscribed threads make CPU
-    training slower, not faster); GLOO_SOCKET_IFNAME keeps single-node gloo on loopback.
+    training slower, not faster); on a one-node job GLOO_SOCKET_IFNAME keeps gloo's traffic
+    on loopback.
 
     Example:
-        >>> "OMP_NUM_THREADS" in worker_env_defaults(2) or "OMP_NUM_THREADS" in os.environ
+        >>> defaults = worker_env_defaults(LaunchPlan(nproc=2))
+        >>> "OMP_NUM_THREADS" in defaults or "OMP_NUM_THREADS" in os.environ
         True
     """
-    defaults = {"OMP_NUM_THREADS": str(max(1, _usable_cores() // nproc))}
+    defaults = {"OMP_NUM_THREADS": str(max(1, _usable_cores() // plan.nproc))}
     loopback = _loopback_interface()
-    if loopback is not None:
+    if loopback is not None and plan.mode == "local":
         defaults["GLOO_SOCKET_IFNAME"] = loopback
     return {k: v for k, v in defaults.items() if k not in os.environ}
 
@@ -190,10 +163,15 @@ def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
         os.environ.update(saved)
 
 
-def _announce(nproc: int, defaults: dict[str, str]) -> None:
+def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
     chosen = ", ".join(f"{k}={v}" for k, v in sorted(defaults.items()))
+    where = {
+        "local": "",
+        "static": f", node {plan.node_rank} of {plan.nnodes} (master {plan.master})",
+        "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {plan.rdzv_id})",
+    }[plan.mode]
     print(
-        f"ddpkit run: {nproc} worker(s) on this node"
+        f"ddpkit run: {plan.nproc} worker(s) on this node{where}"
         + (f"; worker defaults {chosen} (set them to override)" if chosen else ""),
         file=sys.stderr,
         flush=True,

@@ -379,3 +379,40 @@ def choose_backend(requested: str | None, device: torch.device) -> str:
             "for CPU training"
         )
     return requested
+
+
+@dataclass(frozen=True)
+class SlurmNodes:
+    """A SLURM job seen per node, for ``srun ddpkit run`` (one task per node).
+
+    Example:
+        >>> job = SlurmNodes(nnodes=2, node_rank=1, ntasks=2, master_addr="n1", master_port=21234)
+        >>> job.nnodes
+        2
+    """
+
+    nnodes: int
+    node_rank: int
+    ntasks: int
+    master_addr: str
+    master_port: int
+
+
+def slurm_nodes(environ: Mapping[str, str] | None = None) -> SlurmNodes | None:
+    """The SLURM step this process runs in, or None outside one.
+
+    Example:
+        >>> slurm_nodes({}) is None
+        True
+    """
+    env = os.environ if environ is None else environ
+    if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
+        return None
+    nnodes = _int_var(env, "SLURM_NNODES", default=_int_var(env, "SLURM_JOB_NUM_NODES", default=1))
+    return SlurmNodes(
+        nnodes=nnodes,
+        node_rank=_int_var(env, "SLURM_NODEID", default=0),
+        ntasks=_int_var(env, "SLURM_NTASKS", default=nnodes),
+        master_addr=env.get("MASTER_ADDR") or slurm_first_host(env) or "127.0.0.1",
+        master_port=_int_var(env, "MASTER_PORT", default=slurm_port(env)),
+    )
