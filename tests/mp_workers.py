@@ -97,3 +97,18 @@ def init_with_url(url: str) -> dict[str, object]:
         "sum_of_ranks": ddpkit.all_reduce_sum(float(world.rank)),
         "master": f"tcp://{world.master_addr}:{world.master_port}",
     }
+
+
+def store_listen_addresses() -> list[str]:
+    """Local addresses of sockets LISTENing on MASTER_PORT (the launcher's store)."""
+    import os
+
+    port = int(os.environ["MASTER_PORT"])
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            address, hex_port = fields[1].rsplit(":", 1)
+            if int(hex_port, 16) == port and fields[3] == "0A":
+                found.append(address)
+    return found

@@ -144,7 +144,7 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         rdzv_endpoint=args.rdzv_endpoint,
         max_restarts=args.max_restarts,
         local_addr=args.local_addr,
-        **({"rdzv_id": args.rdzv_id} if args.rdzv_id else {}),
+        rdzv_id=args.rdzv_id,
     )
     job = slurm_nodes(environ)
     if job is not None and not any(flags.values()):  # `srun ddpkit run train.py`

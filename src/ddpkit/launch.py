@@ -31,7 +31,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit.errors import ConfigError
 from ddpkit.failures import root_cause
-from ddpkit.plan import LaunchPlan, to_launch_config
+from ddpkit.plan import LaunchPlan, run_id, to_launch_config
 
 
 def spawn(
@@ -168,7 +168,7 @@ def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
     where = {
         "local": "",
         "static": f", node {plan.node_rank} of {plan.nnodes} (master {plan.master})",
-        "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {plan.rdzv_id})",
+        "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {run_id(plan)})",
     }[plan.mode]
     print(
         f"ddpkit run: {plan.nproc} worker(s) on this node{where}"

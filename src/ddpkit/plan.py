@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
@@ -42,7 +42,7 @@ class LaunchPlan:
     node_rank: int | None = None
     master: str | None = None
     rdzv_endpoint: str | None = None
-    rdzv_id: str = field(default_factory=lambda: f"ddpkit-{uuid.uuid4().hex[:12]}")
+    rdzv_id: str | None = None
     max_restarts: int = 0
     local_addr: str | None = None
 
@@ -162,7 +162,7 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
         min_nodes=low,
         max_nodes=high,
         nproc_per_node=plan.nproc,
-        run_id=plan.rdzv_id,
+        run_id=run_id(plan),
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
         rdzv_configs={"timeout": RDZV_TIMEOUT_S, **configs},
@@ -171,6 +171,21 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
         monitor_interval=0.1,
         start_method="spawn",
     )
+
+
+def run_id(plan: LaunchPlan) -> str:
+    """The rendezvous id: shared by every node of a job, unique for a one-node job.
+
+    The agents of different nodes only meet under the same id (it prefixes their store
+    keys), so a multi-node default must be the same everywhere, as torchrun's is.
+
+    Example:
+        >>> run_id(LaunchPlan(nnodes="2", node_rank=0, master="h:1"))
+        'ddpkit'
+    """
+    if plan.rdzv_id:
+        return plan.rdzv_id
+    return f"ddpkit-{uuid.uuid4().hex[:12]}" if plan.mode == "local" else "ddpkit"
 
 
 def _rendezvous(plan: LaunchPlan) -> tuple[str, str, dict[str, object]]:

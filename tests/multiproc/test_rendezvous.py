@@ -84,3 +84,51 @@ def test_a_stale_file_store_does_not_freeze_the_next_run(tmp_path: Path) -> None
     os.utime(store_file, (old, old))
     results = ddpkit.spawn(mp_workers.init_with_url, 2, f"file://{store_file}")
     assert [r["sum_of_ranks"] for r in results] == [1.0, 1.0]
+
+
+def test_single_node_store_listens_on_loopback_only() -> None:
+    addresses = ddpkit.spawn(mp_workers.store_listen_addresses, 1)[0]
+    assert addresses == ["0100007F"]  # 127.0.0.1 in /proc's hex; no 0.0.0.0 or [::]
+
+
+def test_two_launchers_form_one_static_multi_node_job(tmp_path: Path) -> None:
+    """Two `ddpkit run` agents (node 0 and node 1) on this machine, static rendezvous."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    script = Path(__file__).resolve().parent.parent / "scripts" / "plain_allreduce.py"
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ddpkit",
+                "run",
+                "--nproc",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--master",
+                f"127.0.0.1:{port}",
+                "--local-addr",
+                "127.0.0.1",
+                str(script),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=90) for node in nodes]
+    finally:
+        for node in nodes:  # a hang must fail the test, not leave launchers behind
+            node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    assert "rank 0 of 2: sum of ranks = 1" in outputs[0][0]
+    assert "rank 1 of 2: sum of ranks = 1" in outputs[1][0]
+    assert "node 1 of 2 (master 127.0.0.1:" in outputs[1][1]

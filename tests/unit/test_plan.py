@@ -1,0 +1,97 @@
+"""Launcher flags to torch launch configs: every inconsistency named (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpkit import ConfigError
+from ddpkit.cli import build_parser, launch_plan
+from ddpkit.plan import LaunchPlan, parse_nnodes, to_launch_config
+from ddpkit.world import slurm_nodes
+
+SLURM_PER_NODE = {
+    "SLURM_JOB_ID": "777",
+    "SLURM_PROCID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NNODES": "2",
+    "SLURM_NTASKS": "2",
+    "SLURM_JOB_NODELIST": "gpu[07-08]",
+}
+
+
+def plan_for(*argv: str, environ: dict[str, str] | None = None) -> LaunchPlan:
+    return launch_plan(build_parser().parse_args(["run", *argv, "train.py"]), environ or {})
+
+
+def test_single_node_uses_the_loopback_store() -> None:
+    config = to_launch_config(LaunchPlan(nproc=2), "/tmp")
+    assert (config.rdzv_backend, config.min_nodes, config.max_nodes) == ("ddpkit-loopback", 1, 1)
+
+
+def test_static_multi_node_maps_to_torchs_static_rendezvous() -> None:
+    plan = plan_for(
+        "--nproc", "4", "--nnodes", "2", "--node-rank", "1", "--master", "10.0.0.1:29500"
+    )
+    config = to_launch_config(plan, "/tmp")
+    assert (config.rdzv_backend, config.rdzv_endpoint) == ("static", "10.0.0.1:29500")
+    assert config.rdzv_configs["rank"] == 1 and config.nproc_per_node == 4
+
+
+def test_dynamic_elastic_nodes() -> None:
+    plan = plan_for("--nnodes", "1:4", "--rdzv-endpoint", "10.0.0.1:29400", "--rdzv-id", "job7")
+    config = to_launch_config(plan, "/tmp")
+    assert (config.rdzv_backend, config.run_id) == ("c10d", "job7")
+    assert (config.min_nodes, config.max_nodes) == (1, 4)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--nnodes", "2"], "needs to know where nodes meet"),
+        (["--nnodes", "2", "--master", "h:1"], r"--node-rank None is outside 0\.\.1"),
+        (
+            ["--nnodes", "2", "--node-rank", "2", "--master", "h:1"],
+            r"--node-rank 2 is outside 0\.\.1",
+        ),
+        (["--nnodes", "1:2", "--node-rank", "0", "--master", "h:1"], "is elastic"),
+        (["--nnodes", "2", "--node-rank", "0", "--master", "h"], "is not HOST:PORT"),
+        (["--nnodes", "0"], "1 <= MIN <= MAX"),
+        (["--nnodes", "3:2"], "1 <= MIN <= MAX"),
+        (["--nnodes", "two"], "is not N or MIN:MAX"),
+        (["--master", "h:1", "--rdzv-endpoint", "h:2"], "not both"),
+        (["--rdzv-endpoint", "h:2", "--node-rank", "1"], "assigns node ranks"),
+        (["--nproc", "0"], "--nproc must be a positive integer"),
+        (["--max-restarts", "-1"], "--max-restarts must be >= 0"),
+    ],
+)
+def test_inconsistent_flags_are_named(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        plan_for(*argv)
+
+
+def test_nnodes_forms() -> None:
+    assert parse_nnodes("2") == (2, 2) and parse_nnodes("1:4") == (1, 4)
+
+
+def test_srun_one_task_per_node_fills_in_the_nodes() -> None:
+    plan = plan_for("--nproc", "4", environ=SLURM_PER_NODE)
+    assert (plan.mode, plan.nnodes, plan.node_rank) == ("static", "2", 1)
+    assert plan.master == "gpu07:20777"  # first host of the node list, port from the job id
+
+
+def test_srun_with_one_task_per_gpu_is_refused_with_the_fix() -> None:
+    env = {**SLURM_PER_NODE, "SLURM_NTASKS": "8"}
+    with pytest.raises(ConfigError, match=r"8 tasks on 2 node\(s\).*srun python train\.py"):
+        plan_for("--nproc", "4", environ=env)
+
+
+def test_explicit_flags_win_over_slurm() -> None:
+    plan = plan_for("--nproc", "2", "--nnodes", "2", "--node-rank", "0",
+                    "--master", "10.9.9.9:1234", environ=SLURM_PER_NODE)  # fmt: skip
+    assert plan.master == "10.9.9.9:1234"
+
+
+def test_single_node_slurm_job_stays_local() -> None:
+    env = {**SLURM_PER_NODE, "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_NODEID": "0"}
+    assert plan_for("--nproc", "2", environ=env).mode == "local"
+    assert slurm_nodes(env) is not None
