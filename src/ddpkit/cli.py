@@ -1,4 +1,4 @@
-"""The ``ddpkit`` command: ``ddpkit run --nproc N script.py [script args]``.
+"""The ``ddpkit`` command: ``ddpkit run`` launches, ``ddpkit slurm`` writes an sbatch script.
 
 Mistakes in the command line end in one line naming what was wrong and how to fix it (exit
 code 2); a failed worker ends the launcher with that worker's exit code.
@@ -17,6 +17,7 @@ from ddpkit import __version__
 from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
+from ddpkit.slurm import SbatchOptions, sbatch_script
 from ddpkit.world import slurm_nodes
 
 
@@ -97,7 +98,37 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script unchanged"
     )
+    _add_slurm_command(commands)
     return parser
+
+
+def _add_slurm_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    slurm = commands.add_parser(
+        "slurm",
+        help="print an sbatch script that runs SCRIPT with ddpkit on SLURM",
+        description="Print an sbatch script: one task per node runs `ddpkit run`, which "
+        "reads the nodes and the master from SLURM. Save it and submit with sbatch.",
+    )
+    slurm.add_argument("--nodes", type=int, default=1)
+    slurm.add_argument("--gpus-per-node", type=int, default=0, help="0 for a CPU job")
+    slurm.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="workers per node (default: one per GPU, or 1)",
+    )
+    slurm.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=None,
+        help="cores per node for all its workers (default: 4 per worker)",
+    )
+    slurm.add_argument("--time", default=None, help="time limit, like 01:00:00")
+    slurm.add_argument("--partition", default=None)
+    slurm.add_argument("--mem", default=None, help="memory per node, like 64G")
+    slurm.add_argument("--job-name", default="ddpkit")
+    slurm.add_argument("script", help="the training script")
+    slurm.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,8 +154,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "slurm":
+        print(sbatch_script(_sbatch_options(args), args.script, args.script_args), end="")
+        return 0
     run_script(launch_plan(args), args.script, args.script_args)
     return 0
+
+
+def _sbatch_options(args: argparse.Namespace) -> SbatchOptions:
+    names = ("nodes", "gpus_per_node", "nproc_per_node", "cpus_per_task", "time", "partition")
+    return SbatchOptions(
+        **{name: getattr(args, name) for name in names}, mem=args.mem, job_name=args.job_name
+    )
 
 
 def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchPlan:
