@@ -51,6 +51,19 @@ def test_failing_worker_sets_exit_code_and_names_the_rank() -> None:
     assert done.returncode == 1
     assert "worker rank 1 failed (exit code 1)" in done.stderr
     assert "deliberate failure on rank 1" in done.stderr  # the worker's own traceback is shown
+    assert processes_running("crash_on_rank1.py") == []  # no orphan workers
+
+
+def processes_running(needle: str) -> list[int]:
+    """Pids whose command line mentions ``needle`` (from /proc; Linux)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle in cmdline.read_bytes().decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
 
 
 def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> None:
