@@ -224,7 +224,9 @@ def _mpi_topology(env: Mapping[str, str]) -> Topology | None:
         local_rank=_int_var(env, prefix + "LOCAL_RANK", default=0),
         world_size=size,
         local_world_size=local_size,
-        node_rank=_int_var(env, prefix + "NODE_RANK", default=0),
+        # OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the node's index;
+        # OpenMPI publishes no node index, so it follows from the (uniform) layout.
+        node_rank=_int_var(env, prefix + "RANK") // max(1, local_size),
         # One node: every rank can reach rank 0 on loopback. Several: the user must say where.
         master_addr=env.get("MASTER_ADDR") or ("127.0.0.1" if single_node else None),
         master_port=_int_var(env, "MASTER_PORT", default=_job_port(env.get("PMIX_NAMESPACE"))),

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from launch_helpers import REPO, metric_lines, wine_on_one_host
+
 pytestmark = pytest.mark.multiproc
 
-REPO = Path(__file__).resolve().parents[2]
 ADDRESSES = ("10.250.7.1", "10.250.7.2")
 
 
@@ -75,17 +75,6 @@ def test_wine_trains_across_two_hosts_like_on_one(two_hosts: list[tuple[str, str
     assert [node.returncode for node in nodes] == [0, 0], outputs
     two_host_log = outputs[0][0]
     assert "world size 2 (1 process per node x 2 nodes)" in two_host_log
-    single_node = ["run", "--nproc", "2", "examples/wine.py", "--epochs", "5"]
-    one_host = subprocess.run(
-        [sys.executable, "-m", "ddpkit", *single_node],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert one_host.returncode == 0, one_host.stderr
     # Same ranks, data order and reductions: the per-epoch losses and accuracy must agree.
-    assert metric_lines(two_host_log) == metric_lines(one_host.stdout)
+    assert metric_lines(two_host_log) == metric_lines(wine_on_one_host(epochs=5))
     assert len(metric_lines(two_host_log)) == 6
-
-
-def metric_lines(log: str) -> list[str]:
-    keep = ("epoch ", "test accuracy")
-    return [line.split("(")[0].strip() for line in log.splitlines() if line.startswith(keep)]

@@ -133,10 +133,12 @@ def test_openmpi_ranks_on_one_node_meet_on_loopback() -> None:
         "OMPI_COMM_WORLD_SIZE": "2",
         "OMPI_COMM_WORLD_LOCAL_RANK": "1",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_COMM_WORLD_NODE_RANK": "1",  # OpenMPI: rank on the node, not the node index
         "PMIX_NAMESPACE": "prterun-host-1234@1",
     }
     world = World.detect(environ=env)
     assert (world.rank, world.world_size, world.local_rank, world.launcher) == (1, 2, 1, "mpi")
+    assert world.node_rank == 0
     assert world.master_addr == "127.0.0.1"
     other = World.detect(
         environ={**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}

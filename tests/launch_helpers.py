@@ -1,0 +1,45 @@
+"""Helpers shared by the tests that start real launchers and system tools."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def metric_lines(log: str) -> list[str]:
+    """Per-epoch and final metric lines of examples/wine.py, without the timings."""
+    keep = ("epoch ", "test accuracy")
+    return [line.split("(")[0].strip() for line in log.splitlines() if line.startswith(keep)]
+
+
+def wine_on_one_host(epochs: int) -> str:
+    """stdout of `ddpkit run --nproc 2 examples/wine.py`: the reference other launches match."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "examples/wine.py",
+         "--epochs", str(epochs)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def ensure_debian_package(binary: str, package: str) -> str:
+    """Path of ``binary``; installs Debian's ``package`` with root and apt-get, else skips."""
+    found = shutil.which(binary)
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip(f"{binary} is missing and cannot be installed here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        done = subprocess.run(step, capture_output=True, text=True, env=env, timeout=600)
+        if done.returncode != 0:
+            pytest.skip(f"installing {package} failed: {done.stderr.strip()[-300:]}")
+    return shutil.which(binary) or pytest.skip(f"{package} installed no {binary}")
