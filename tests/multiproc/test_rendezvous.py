@@ -91,13 +91,20 @@ def test_single_node_store_listens_on_loopback_only() -> None:
     assert addresses == ["0100007F"]  # 127.0.0.1 in /proc's hex; no 0.0.0.0 or [::]
 
 
-def test_two_launchers_form_one_static_multi_node_job(tmp_path: Path) -> None:
-    """Two `ddpkit run` agents (node 0 and node 1) on this machine, static rendezvous."""
+@pytest.mark.parametrize("mode", ["static", "dynamic"])
+def test_two_launchers_form_one_multi_node_job(mode: str) -> None:
+    """Two `ddpkit run` agents (two "nodes") on this machine, static or c10d rendezvous."""
     import subprocess
     import sys
 
     port = free_port()
     script = Path(__file__).resolve().parent.parent / "scripts" / "plain_allreduce.py"
+    flags = {
+        "static": lambda rank: ["--nnodes", "2", "--node-rank", str(rank),
+                                "--master", f"127.0.0.1:{port}"],
+        "dynamic": lambda rank: ["--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                 "--rdzv-id", f"job-{port}"],
+    }[mode]  # fmt: skip
     nodes = [
         subprocess.Popen(
             [
@@ -107,12 +114,7 @@ def test_two_launchers_form_one_static_multi_node_job(tmp_path: Path) -> None:
                 "run",
                 "--nproc",
                 "1",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(rank),
-                "--master",
-                f"127.0.0.1:{port}",
+                *flags(rank),
                 "--local-addr",
                 "127.0.0.1",
                 str(script),
@@ -129,6 +131,13 @@ def test_two_launchers_form_one_static_multi_node_job(tmp_path: Path) -> None:
         for node in nodes:  # a hang must fail the test, not leave launchers behind
             node.kill()
     assert [node.returncode for node in nodes] == [0, 0], outputs
-    assert "rank 0 of 2: sum of ranks = 1" in outputs[0][0]
-    assert "rank 1 of 2: sum of ranks = 1" in outputs[1][0]
-    assert "node 1 of 2 (master 127.0.0.1:" in outputs[1][1]
+    printed = "".join(out for out, _ in outputs)
+    assert "rank 0 of 2: sum of ranks = 1" in printed  # one job of 2, not two jobs of 1
+    assert "rank 1 of 2: sum of ranks = 1" in printed
+
+
+def test_spawn_checks_its_node_arguments() -> None:
+    with pytest.raises(ConfigError, match=r"--node-rank 2 is outside 0\.\.1"):
+        ddpkit.spawn(mp_workers.world_fields, 2, nnodes=2, node_rank=2, master="127.0.0.1:29500")
+    with pytest.raises(ConfigError, match="needs to know where nodes meet"):
+        ddpkit.spawn(mp_workers.world_fields, 2, nnodes=2, node_rank=1)
