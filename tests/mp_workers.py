@@ -112,3 +112,12 @@ def store_listen_addresses() -> list[str]:
             if int(hex_port, 16) == port and fields[3] == "0A":
                 found.append(address)
     return found
+
+
+def evaluate_toy(n: int, shuffle: bool) -> dict[str, float]:
+    """Evaluate the untrained toy model on an n-sample set (n need not divide by the world)."""
+    ddpkit.init(timeout=60)
+    model = ddpkit.prepare_model(toy_model())
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    loader = ddpkit.prepare_loader(toy_dataset(n), batch_size=2, shuffle=shuffle)
+    return trainer.evaluate(loader)

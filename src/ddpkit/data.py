@@ -79,6 +79,25 @@ def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
         set_sampler_epoch(epoch)
 
 
+def real_samples_on_rank(loader: Any) -> int | None:
+    """How many of this rank's samples are real, not the sampler's padding (None: unknown).
+
+    DistributedSampler pads the global order by repeating its first indices at the end, so
+    rank r's real samples are its first ``len(range(r, N, W))``: shuffled or not.
+
+    Example:
+        >>> import torch
+        >>> data = torch.utils.data.TensorDataset(torch.zeros(7))
+        >>> sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+        >>> real_samples_on_rank(DataLoader(data, sampler=sampler)), len(sampler)
+        (3, 4)
+    """
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
 def _check_arguments(dataset: object, batch_size: int, loader_kwargs: dict[str, Any]) -> None:
     if isinstance(dataset, IterableDataset):
         raise ConfigError(

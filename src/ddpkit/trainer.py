@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from ddpkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ddpkit.collectives import all_reduce_sum, is_main, print0
-from ddpkit.data import batch_size_of, set_epoch
+from ddpkit.data import batch_size_of, real_samples_on_rank, set_epoch
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.rendezvous import current_world
 from ddpkit.strategy import unwrap_model
@@ -107,16 +107,24 @@ class Trainer:
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
         """Mean loss (and accuracy for classifiers) over every rank's shard of ``loader``.
 
+        Exact over the whole dataset: samples the sampler repeated to even out the shards
+        are left out, so the metric is the one a single process would compute.
+
         Example:
             >>> trainer.evaluate(val_loader)  # doctest: +SKIP
             {'loss': 0.08, 'accuracy': 0.97}
         """
         self.model.eval()
         sums = _MetricSums(self.world.device)
+        remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
         for batch in loader:
             inputs, targets = self._to_device(batch)
             outputs = self.model(inputs)
-            sums.add(self.loss_fn(outputs, targets), outputs, targets)
+            if remaining is not None:
+                keep = max(0, min(len(targets), remaining))
+                outputs, targets, remaining = outputs[:keep], targets[:keep], remaining - keep
+            if len(targets):
+                sums.add(self.loss_fn(outputs, targets), outputs, targets)
         return sums.reduce()
 
     def state_dict(self) -> dict[str, Any]:

@@ -86,3 +86,17 @@ def test_a_failing_worker_raises_its_error_and_stops_the_others() -> None:
 def test_spawn_refuses_an_unpicklable_function() -> None:
     with pytest.raises(ddpkit.ConfigError, match="define the function at module level"):
         ddpkit.spawn(lambda: None, 2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_evaluation_is_exact_when_the_data_does_not_divide(shuffle: bool) -> None:
+    n = 7  # 2 ranks: the sampler pads one duplicate to make 4 + 4
+    distributed = ddpkit.spawn(mp_workers.evaluate_toy, 2, n, shuffle)
+    data = mp_workers.toy_dataset(n)
+    with torch.no_grad():
+        outputs = mp_workers.toy_model()(data.tensors[0])
+    expected_loss = float(torch.nn.functional.cross_entropy(outputs, data.tensors[1]))
+    expected_accuracy = float((outputs.argmax(1) == data.tensors[1]).sum()) / n
+    for metrics in distributed:
+        assert metrics["loss"] == pytest.approx(expected_loss, abs=1e-6)
+        assert metrics["accuracy"] == pytest.approx(expected_accuracy, abs=1e-12)
