@@ -121,3 +121,41 @@ def evaluate_toy(n: int, shuffle: bool) -> dict[str, float]:
     trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
     loader = ddpkit.prepare_loader(toy_dataset(n), batch_size=2, shuffle=shuffle)
     return trainer.evaluate(loader)
+
+
+class TwoHeads(nn.Module):
+    """A model whose second head never takes part in the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(6, 8)
+        self.used_head = nn.Linear(8, 3)
+        self.unused_head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used_head(torch.relu(self.body(x)))
+
+
+def train_two_heads(find_unused_parameters: bool) -> str:
+    """Two epochs on TwoHeads; returns 'ok' or the error ddpkit raised."""
+    ddpkit.init(timeout=60)
+    model = ddpkit.prepare_model(TwoHeads(), find_unused_parameters=find_unused_parameters)
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    try:
+        trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=2)
+    except ddpkit.ConfigError as err:
+        return str(err)
+    return "ok"
+
+
+def batchnorm_types(sync_batchnorm: bool) -> list[str] | str:
+    """Norm layer types after prepare_model, or the ConfigError it raised."""
+    ddpkit.init(timeout=60)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
+    try:
+        wrapped = ddpkit.prepare_model(model, sync_batchnorm=sync_batchnorm)
+    except ddpkit.ConfigError as err:
+        return str(err)
+    modules = ddpkit.unwrap_model(wrapped).modules()
+    return [type(m).__name__ for m in modules if "Norm" in type(m).__name__]

@@ -100,3 +100,18 @@ def test_evaluation_is_exact_when_the_data_does_not_divide(shuffle: bool) -> Non
     for metrics in distributed:
         assert metrics["loss"] == pytest.approx(expected_loss, abs=1e-6)
         assert metrics["accuracy"] == pytest.approx(expected_accuracy, abs=1e-12)
+
+
+def test_unused_parameters_error_names_them_and_the_fix() -> None:
+    messages = ddpkit.spawn(mp_workers.train_two_heads, 2, False)
+    for message in messages:
+        assert "unused_head.weight, unused_head.bias" in message
+        assert "find_unused_parameters=True" in message
+    fixed = ddpkit.spawn(mp_workers.train_two_heads, 2, True)
+    assert fixed == ["ok", "ok"]
+
+
+def test_sync_batchnorm_on_cpu_says_it_needs_gpus() -> None:
+    results = ddpkit.spawn(mp_workers.batchnorm_types, 2, True)
+    assert all("sync_batchnorm=True needs CUDA devices" in str(r) for r in results)
+    assert ddpkit.spawn(mp_workers.batchnorm_types, 2, False) == [["BatchNorm1d"]] * 2

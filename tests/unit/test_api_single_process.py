@@ -105,3 +105,11 @@ def test_fit_reports_sample_weighted_metrics_and_learns() -> None:
     with torch.no_grad():
         expected = F.cross_entropy(model(x), y).item()
     assert trainer.evaluate(loader)["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_unknown_ddp_option_is_named() -> None:
+    ddpkit.init()
+    with pytest.raises(
+        ConfigError, match=r"unknown DDP option.*bucket_size.*accepted: bucket_cap_mb"
+    ):
+        ddpkit.prepare_model(torch.nn.Linear(2, 2), bucket_size=25)
