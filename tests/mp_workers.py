@@ -159,3 +159,15 @@ def batchnorm_types(sync_batchnorm: bool) -> list[str] | str:
         return str(err)
     modules = ddpkit.unwrap_model(wrapped).modules()
     return [type(m).__name__ for m in modules if "Norm" in type(m).__name__]
+
+
+def sgd_steps_with(batch_size: int, accumulate: int, clip: float | None) -> dict[str, torch.Tensor]:
+    """Like sgd_steps, with gradient accumulation and clipping."""
+    ddpkit.init(timeout=60)
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    trainer = ddpkit.Trainer(
+        model, optimizer, F.cross_entropy, accumulate=accumulate, clip_grad_norm=clip
+    )
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=batch_size), epochs=1)
+    return cpu_state(model)

@@ -20,13 +20,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ddpkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -44,7 +46,10 @@ class Trainer:
     """Trains a prepared model; rank 0 logs and checkpoints; resumes automatically.
 
     ``checkpoint_dir`` turns on checkpoints: one every ``save_every`` epochs and one at the
-    end of ``fit`` (only the end when ``save_every`` is None). Each holds the unwrapped
+    end of ``fit`` (only the end when ``save_every`` is None). ``accumulate=K`` sums the
+    gradients of K batches before each optimizer step, skipping DDP's all-reduce on the
+    first K-1 (``no_sync``): the same step as one K-times larger batch. ``clip_grad_norm``
+    clips by the global gradient norm before each step. Each holds the unwrapped
     model's ``state_dict`` (no ``module.`` prefix), the optimizer's, the epoch and the metrics.
 
     Example:
@@ -65,8 +70,16 @@ class Trainer:
         loss_fn: LossFn,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         save_every: int | None = None,
+        *,
+        accumulate: int = 1,
+        clip_grad_norm: float | None = None,
     ) -> None:
         _check_positive("save_every", save_every)
+        _check_positive("accumulate", accumulate)
+        if clip_grad_norm is not None and not clip_grad_norm > 0:
+            raise ConfigError(f"clip_grad_norm must be > 0 (got {clip_grad_norm!r})")
+        self.accumulate = accumulate
+        self.clip_grad_norm = clip_grad_norm
         if save_every is not None and checkpoint_dir is None:
             raise ConfigError("save_every needs a checkpoint_dir to save into")
         self.world = current_world()
@@ -164,15 +177,34 @@ class Trainer:
         self.model.train()
         sums = _MetricSums(self.world.device)
         start = time.perf_counter()
-        for batch in _progress(loader, f"epoch {epoch + 1}/{epochs}"):
+        total = len(loader) if isinstance(loader, Sized) else None
+        self.optimizer.zero_grad(set_to_none=True)
+        for index, batch in enumerate(_progress(loader, f"epoch {epoch + 1}/{epochs}")):
             inputs, targets = self._to_device(batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            outputs = self.model(inputs)
-            loss = self.loss_fn(outputs, targets)
-            loss.backward()  # type: ignore[no-untyped-call]
-            self.optimizer.step()
+            group = _group_size(index, total, self.accumulate)
+            final = (index + 1) % self.accumulate == 0 or index + 1 == total
+            with self._gradient_sync(final):
+                outputs = self.model(inputs)
+                loss = self.loss_fn(outputs, targets)
+                (loss / group).backward()  # type: ignore[no-untyped-call]
+            if final:
+                self._optimizer_step()
             sums.add(loss.detach(), outputs.detach(), targets)
         return {**sums.reduce(), "time_s": time.perf_counter() - start}
+
+    def _gradient_sync(self, final: bool) -> contextlib.AbstractContextManager[Any]:
+        """All-reduce gradients only on the last micro-step of an accumulation group."""
+        if final or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()
+
+    def _optimizer_step(self) -> None:
+        if self.clip_grad_norm is not None:
+            # After DDP's all-reduce every rank holds the same averaged gradients, so the
+            # norm computed locally is the global norm.
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
@@ -250,6 +282,13 @@ def _format_epoch(metrics: dict[str, float], epochs: int) -> str:
     parts += [f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("epoch", "time_s")]
     parts.append(f"({metrics['time_s']:.2f} s)")
     return "  ".join(parts)
+
+
+def _group_size(index: int, total: int | None, accumulate: int) -> int:
+    """Micro-batches in the accumulation group of batch ``index`` (the last may be short)."""
+    if total is None:
+        return accumulate
+    return min(accumulate, total - (index - index % accumulate))
 
 
 def _check_positive(name: str, value: int | None) -> None:

@@ -115,3 +115,15 @@ def test_sync_batchnorm_on_cpu_says_it_needs_gpus() -> None:
     results = ddpkit.spawn(mp_workers.batchnorm_types, 2, True)
     assert all("sync_batchnorm=True needs CUDA devices" in str(r) for r in results)
     assert ddpkit.spawn(mp_workers.batchnorm_types, 2, False) == [["BatchNorm1d"]] * 2
+
+
+@pytest.mark.parametrize("clip", [None, 0.05])
+def test_accumulation_and_clipping_equal_one_large_batch(clip: float | None) -> None:
+    # 2 workers x batch 2 x 2 micro-steps == 1 process x batch 8 (40 samples: 5 steps).
+    distributed = ddpkit.spawn(mp_workers.sgd_steps_with, 2, 2, 2, clip)
+    single = mp_workers.sgd_steps_with(8, 1, clip)
+    assert max_abs_diff(distributed[0], distributed[1]) == 0.0
+    assert max_abs_diff(distributed[0], single) <= 1e-6
+    unclipped = mp_workers.sgd_steps_with(8, 1, None)
+    if clip is not None:  # the clip really changed the result
+        assert max_abs_diff(single, unclipped) > 1e-3

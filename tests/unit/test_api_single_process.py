@@ -113,3 +113,15 @@ def test_unknown_ddp_option_is_named() -> None:
         ConfigError, match=r"unknown DDP option.*bucket_size.*accepted: bucket_cap_mb"
     ):
         ddpkit.prepare_model(torch.nn.Linear(2, 2), bucket_size=25)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [({"accumulate": 0}, "accumulate must be a positive integer"),
+     ({"clip_grad_norm": 0.0}, "clip_grad_norm must be > 0")],
+)  # fmt: skip
+def test_bad_trainer_options_are_named(options: dict[str, float], message: str) -> None:
+    ddpkit.init()
+    model = ddpkit.prepare_model(torch.nn.Linear(2, 2))
+    with pytest.raises(ConfigError, match=message):
+        ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.mse_loss, **options)
