@@ -19,15 +19,31 @@ def metric_lines(log: str) -> list[str]:
     return [line.split("(")[0].strip() for line in log.splitlines() if line.startswith(keep)]
 
 
+def ddpkit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run the ``ddpkit`` command from the repository root, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpkit", *args],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
 def wine_on_one_host(epochs: int) -> str:
     """stdout of `ddpkit run --nproc 2 examples/wine.py`: the reference other launches match."""
-    done = subprocess.run(
-        [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "examples/wine.py",
-         "--epochs", str(epochs)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = ddpkit_cli("run", "--nproc", "2", "examples/wine.py", "--epochs", str(epochs))
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def processes_running(needle: str) -> list[int]:
+    """Pids whose command line mentions ``needle`` (from /proc; Linux)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if needle in cmdline.read_bytes().decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
 
 
 def ensure_debian_package(binary: str, package: str) -> str:

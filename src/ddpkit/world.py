@@ -48,7 +48,7 @@ class Topology:
 
 
 @dataclass(frozen=True)
-class World:
+class World(Topology):
     """This process's place in the job: a frozen value, detected once by ``ddpkit.init()``.
 
     ``rank`` is the global rank (0 .. world_size-1); ``local_rank`` indexes the process on its
@@ -61,17 +61,9 @@ class World:
         (False, 2)
     """
 
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    node_rank: int = 0
+    # The topology's fields come from Topology; the world adds where this rank computes.
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     backend: str = "gloo"
-    master_addr: str | None = None
-    master_port: int | None = None
-    launcher: str = "none"
-    agent_store: bool = False
 
     @property
     def is_main(self) -> bool:

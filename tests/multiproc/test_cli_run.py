@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from launch_helpers import ddpkit_cli, processes_running
+
 pytestmark = pytest.mark.multiproc
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def ddpkit_cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "ddpkit", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
 
 
 def test_plain_torchrun_script_runs_unchanged() -> None:
@@ -52,18 +41,6 @@ def test_failing_worker_sets_exit_code_and_names_the_rank() -> None:
     assert "worker rank 1 failed (exit code 1)" in done.stderr
     assert "deliberate failure on rank 1" in done.stderr  # the worker's own traceback is shown
     assert processes_running("crash_on_rank1.py") == []  # no orphan workers
-
-
-def processes_running(needle: str) -> list[int]:
-    """Pids whose command line mentions ``needle`` (from /proc; Linux)."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            if needle in cmdline.read_bytes().decode(errors="replace"):
-                found.append(int(cmdline.parent.name))
-        except OSError:  # the process ended while we looked
-            continue
-    return found
 
 
 def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> None:

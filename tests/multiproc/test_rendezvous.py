@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,9 +96,6 @@ def test_single_node_store_listens_on_loopback_only() -> None:
 @pytest.mark.parametrize("mode", ["static", "dynamic"])
 def test_two_launchers_form_one_multi_node_job(mode: str) -> None:
     """Two `ddpkit run` agents (two "nodes") on this machine, static or c10d rendezvous."""
-    import subprocess
-    import sys
-
     port = free_port()
     script = Path(__file__).resolve().parent.parent / "scripts" / "plain_allreduce.py"
     flags = {
