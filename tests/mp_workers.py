@@ -29,6 +29,12 @@ def cpu_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().clone() for k, v in ddpkit.unwrap_model(model).state_dict().items()}
 
 
+def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest element-wise difference between two state dicts with the same keys."""
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
 def world_fields() -> dict[str, object]:
     world = ddpkit.init(timeout=60)
     return {

@@ -18,7 +18,7 @@ from ddpkit.collectives import (
     print0,
     rank_zero_only,
 )
-from ddpkit.data import prepare_loader
+from ddpkit.data import BatchPlan, plan_batch, prepare_loader
 from ddpkit.errors import (
     CheckpointError,
     ConfigError,
@@ -29,6 +29,7 @@ from ddpkit.errors import (
 )
 from ddpkit.launch import spawn
 from ddpkit.rendezvous import current_world, init, shutdown
+from ddpkit.seeding import seed_everything
 from ddpkit.strategy import prepare_model, unwrap_model
 from ddpkit.trainer import Trainer
 from ddpkit.world import World
@@ -36,6 +37,7 @@ from ddpkit.world import World
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchPlan",
     "CheckpointError",
     "ConfigError",
     "DdpkitError",
@@ -52,10 +54,12 @@ __all__ = [
     "get_rank",
     "init",
     "is_main",
+    "plan_batch",
     "prepare_loader",
     "prepare_model",
     "print0",
     "rank_zero_only",
+    "seed_everything",
     "shutdown",
     "spawn",
     "unwrap_model",

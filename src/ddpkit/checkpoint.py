@@ -26,7 +26,7 @@ import torch
 
 from ddpkit.errors import CheckpointError
 
-_NAME = re.compile(r"^epoch_(\d{6,})\.pt$")
+_NAME = re.compile(r"^epoch_(\d{6,})\.(pt|dcp)$")  # .dcp: a sharded (FSDP) checkpoint dir
 
 
 def checkpoint_name(epoch: int) -> str:
@@ -60,12 +60,13 @@ def save_checkpoint(state: dict[str, Any], folder: str | os.PathLike[str], epoch
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    _fsync_directory(folder)
+    fsync_directory(folder)
     return final
 
 
 def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
-    """Checkpoints in ``folder``, oldest epoch first (temporary files are ignored).
+    """Checkpoints in ``folder``, oldest epoch first: ``.pt`` files and sharded ``.dcp``
+    directories (temporary files are ignored).
 
     Example:
         >>> import tempfile
@@ -117,8 +118,13 @@ def load_checkpoint(
     return state
 
 
-def _fsync_directory(folder: Path) -> None:
-    # The rename is only durable once the directory entry is on disk.
+def fsync_directory(folder: Path) -> None:
+    """Make a rename in ``folder`` durable: it is only on disk once the directory entry is.
+
+    Example:
+        >>> import tempfile
+        >>> fsync_directory(Path(tempfile.mkdtemp()))
+    """
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)

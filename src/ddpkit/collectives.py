@@ -72,10 +72,28 @@ def all_reduce_sum(value: torch.Tensor | float) -> torch.Tensor | float:
         >>> all_reduce_sum(torch.tensor([1.0, 2.0]))
         tensor([1., 2.])
     """
+    return _all_reduce(value, dist.ReduceOp.SUM)
+
+
+@overload
+def all_reduce_max(value: torch.Tensor) -> torch.Tensor: ...
+@overload
+def all_reduce_max(value: float) -> float: ...
+def all_reduce_max(value: torch.Tensor | float) -> torch.Tensor | float:
+    """Element-wise maximum of ``value`` over all ranks (the minimum: ``-max(-value)``).
+
+    Example:
+        >>> all_reduce_max(3.0)
+        3.0
+    """
+    return _all_reduce(value, dist.ReduceOp.MAX)
+
+
+def _all_reduce(value: torch.Tensor | float, op: Any) -> torch.Tensor | float:
     if not _group_active():
         return value
     tensor = _as_tensor(value)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    dist.all_reduce(tensor, op=op)
     return tensor.to(value.device) if isinstance(value, torch.Tensor) else float(tensor.item())
 
 

@@ -18,6 +18,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,23 +27,36 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ddpkit.errors import ConfigError
 from ddpkit.rendezvous import current_world
+from ddpkit.seeding import configured_seed, rank_seed
+from ddpkit.validate import check_choice, check_positive_int
+
+BATCH_POLICIES = ("per_device", "global")
+LR_SCALING = ("none", "linear", "sqrt")
+UNEVEN = ("pad", "drop")
 
 
 def prepare_loader(
     dataset: Dataset[Any],
-    batch_size: int,
+    batch_size: int | BatchPlan,
     shuffle: bool = True,
     *,
-    seed: int = 0,
-    drop_last: bool = False,
+    batch_policy: str = "per_device",
+    uneven: str = "pad",
+    seed: int | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader[Any]:
-    """A DataLoader over this rank's shard of ``dataset``, ``batch_size`` samples per device.
+    """A DataLoader over this rank's shard of ``dataset``.
 
-    ``shuffle`` reshuffles every epoch (seeded by ``seed`` + epoch, identical on all ranks so
-    shards never overlap). When the dataset does not divide by the world size, the sampler
-    pads with repeated samples; ``drop_last=True`` drops the remainder instead. Other keyword
-    arguments go to ``DataLoader`` (``num_workers``, ``collate_fn``, ...).
+    ``batch_policy="per_device"`` gives each rank ``batch_size`` samples per step (the global
+    batch grows with the world); ``"global"`` splits ``batch_size`` over the ranks (the global
+    batch stays what one process would use; it must divide). A :class:`BatchPlan` from
+    :func:`plan_batch` may be passed instead. ``shuffle`` reshuffles every epoch, seeded by
+    ``seed`` (default: the seed given to ``ddpkit.init``, else 0) + epoch, identically on all
+    ranks so shards never overlap. When the dataset does not divide by the world size,
+    ``uneven="pad"`` repeats a few samples so every rank has as many (evaluation leaves the
+    repeats out of its metrics); ``"drop"`` leaves the remainder out. Other keyword arguments
+    go to ``DataLoader`` (``num_workers``, ``collate_fn``, ``drop_last`` for a short last
+    batch, ...); its workers get per-rank seeds, so random augmentation differs per rank.
 
     Example:
         >>> import torch, ddpkit
@@ -52,18 +67,91 @@ def prepare_loader(
         4
         >>> ddpkit.shutdown()
     """
-    _check_arguments(dataset, batch_size, loader_kwargs)
     world = current_world()
+    plan = batch_size if isinstance(batch_size, BatchPlan) else plan_batch(batch_size, batch_policy)
+    _check_arguments(dataset, uneven, loader_kwargs)
+    seed = seed if seed is not None else (configured_seed() or 0)
     sampler: DistributedSampler[Any] = DistributedSampler(
         dataset,
         num_replicas=world.world_size,
         rank=world.rank,
         shuffle=shuffle,
         seed=seed,
-        drop_last=drop_last,
+        drop_last=uneven == "drop",
     )
     loader_kwargs.setdefault("pin_memory", world.device.type == "cuda")
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **loader_kwargs)
+    loader_kwargs.setdefault(
+        "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
+    )
+    return DataLoader(dataset, batch_size=plan.per_device, sampler=sampler, **loader_kwargs)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a batch size is spread over the ranks, and the learning rate that goes with it.
+
+    ``base_batch`` is the batch one process would use (what the LR was tuned for);
+    ``global_batch`` is what one optimizer step sees over all ranks and micro-steps.
+
+    Example:
+        >>> BatchPlan(per_device=32, global_batch=64, base_batch=64, lr=0.1).describe()
+        'global batch 64 (32 per device), lr 0.1'
+    """
+
+    per_device: int
+    global_batch: int
+    base_batch: int
+    lr: float | None = None
+
+    def describe(self) -> str:
+        """One line for logs.
+
+        Example:
+            >>> BatchPlan(8, 16, 8).describe()
+            'global batch 16 (8 per device)'
+        """
+        text = f"global batch {self.global_batch} ({self.per_device} per device)"
+        return text + (f", lr {self.lr:g}" if self.lr is not None else "")
+
+
+def plan_batch(
+    batch_size: int,
+    policy: str = "per_device",
+    *,
+    accumulate: int = 1,
+    lr: float | None = None,
+    lr_scaling: str = "none",
+) -> BatchPlan:
+    """Split ``batch_size`` by ``policy`` and scale ``lr`` by ``lr_scaling`` for this world.
+
+    ``lr_scaling`` multiplies ``lr`` by the ratio of the global batch to ``batch_size``
+    (``"linear"``, Goyal et al.'s rule for SGD) or its square root (``"sqrt"``, often better
+    for Adam); ``"none"`` keeps it. With ``policy="global"`` the ratio is only ``accumulate``.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> plan_batch(32, "per_device", accumulate=4, lr=0.1, lr_scaling="linear")
+        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4)
+        >>> ddpkit.shutdown()
+    """
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("accumulate", accumulate)
+    check_choice("batch_policy", policy, BATCH_POLICIES)
+    check_choice("lr_scaling", lr_scaling, LR_SCALING)
+    world_size = current_world().world_size
+    if policy == "global" and batch_size % world_size:
+        raise ConfigError(
+            f"batch_policy='global' splits the batch of {batch_size} over {world_size} ranks, "
+            f"which does not divide; use a multiple of {world_size} (e.g. "
+            f"{batch_size + world_size - batch_size % world_size}) or batch_policy='per_device'"
+        )
+    per_device = batch_size // world_size if policy == "global" else batch_size
+    global_batch = per_device * world_size * accumulate
+    ratio = global_batch / batch_size
+    multiplier = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
+    return BatchPlan(per_device, global_batch, batch_size, None if lr is None else lr * multiplier)
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
@@ -98,14 +186,13 @@ def real_samples_on_rank(loader: Any) -> int | None:
     return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
 
 
-def _check_arguments(dataset: object, batch_size: int, loader_kwargs: dict[str, Any]) -> None:
+def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]) -> None:
     if isinstance(dataset, IterableDataset):
         raise ConfigError(
             "prepare_loader needs a map-style dataset (with __len__ and __getitem__) to shard "
             "it across ranks; an IterableDataset must shard itself using ddpkit.current_world()"
         )
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"batch_size must be a positive integer (got {batch_size!r})")
+    check_choice("uneven", uneven, UNEVEN)
     for taken in ("sampler", "batch_sampler"):
         if taken in loader_kwargs:
             raise ConfigError(

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.failures import install_error_file_hook
 from ddpkit.initmethod import InitMethod, parse_init_method
+from ddpkit.seeding import forget_seed, seed_everything
 from ddpkit.stores import await_all_ranks, open_store
 from ddpkit.world import World
 
@@ -47,6 +48,7 @@ def init(
     rank: int | None = None,
     world_size: int | None = None,
     join_timeout: float | None = None,
+    seed: int | None = None,
 ) -> World:
     """Join the job and return this process's :class:`World`.
 
@@ -56,7 +58,8 @@ def init(
     ``world_size`` given. ``backend`` defaults to nccl on CUDA and gloo otherwise.
     ``join_timeout`` (seconds) bounds how long ranks wait for each other at start (default
     30 on one machine, 300 across machines); ``timeout`` bounds every collective afterwards.
-    Calling it again returns the same world.
+    ``seed`` seeds every RNG identically on all ranks and is the base of the per-rank
+    augmentation streams (see :mod:`ddpkit.seeding`). Calling it again returns the same world.
 
     Example:
         >>> import ddpkit
@@ -68,6 +71,8 @@ def init(
     global _current
     if _current is not None:
         return _current
+    if seed is not None:
+        seed_everything(seed)
     method = parse_init_method(init_method) if init_method else None
     world = _with_endpoint(World.detect(backend=backend, rank=rank, world_size=world_size), method)
     if world.device.type == "cuda":
@@ -94,6 +99,7 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _current = None
+    forget_seed()
 
 
 def current_world() -> World:

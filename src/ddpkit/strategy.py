@@ -1,9 +1,15 @@
-"""How the model is parallelized, chosen by name: ``"ddp"`` (default) or ``"none"``.
+"""How the model is parallelized, chosen by name: "ddp" (default), "fsdp", "dp" or "none".
 
-DDP is torch's ``DistributedDataParallel``: every rank holds a replica, gradients are averaged
-by all-reduce during ``backward()``, and rank 0's initial weights are broadcast at wrap time so
-replicas start identical. In a world of one there is nothing to average, so the model is left
-unwrapped; the training code is the same either way.
+- ``"ddp"``: torch's ``DistributedDataParallel``. Every rank holds a replica, gradients are
+  averaged by all-reduce during ``backward()``, and rank 0's initial weights are broadcast at
+  wrap time so replicas start identical. In a world of one there is nothing to average, so
+  the model is left unwrapped; the training code is the same either way.
+- ``"fsdp"``: FSDP2 (``fully_shard``), parameters and optimizer state sharded over the ranks
+  (see :mod:`ddpkit.fsdp`); for models whose training state does not fit one device.
+- ``"dp"``: torch's ``DataParallel``, one process driving every visible GPU. Slower than DDP
+  (one Python thread feeds all GPUs, and the model is copied to them every step), kept
+  because the tutorials compare the two. Without two GPUs it says so and runs unwrapped.
+- ``"none"``: only moved to the device.
 
 Example:
     >>> import torch, ddpkit
@@ -17,15 +23,21 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
+from ddpkit.commhooks import COMM_HOOKS, register_comm_hook
 from ddpkit.errors import ConfigError
+from ddpkit.fsdp import shard_model
 from ddpkit.rendezvous import current_world
+from ddpkit.validate import check_choice
+from ddpkit.world import World
 
-STRATEGIES = ("ddp", "none")
+STRATEGIES = ("ddp", "fsdp", "dp", "none")
 DDP_OPTIONS = (
     "bucket_cap_mb",
     "find_unused_parameters",
@@ -40,17 +52,20 @@ def prepare_model(
     strategy: str = "ddp",
     *,
     sync_batchnorm: bool = False,
+    comm_hook: str | None = None,
+    fsdp_units: Sequence[type[nn.Module]] = (),
     **ddp_options: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for data-parallel training.
 
-    ``strategy="ddp"`` wraps in DistributedDataParallel when the world has more than one
-    process; ``"none"`` only moves the model. DDP's own options pass through unchanged:
+    ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"dp"`` or ``"none"`` (see the module
+    docstring for when to use which). DDP's own options pass through unchanged:
     ``bucket_cap_mb``, ``find_unused_parameters``, ``static_graph``,
-    ``gradient_as_bucket_view``, ``broadcast_buffers``. ``sync_batchnorm=True`` converts
-    BatchNorm layers to SyncBatchNorm, so statistics are computed over the global batch (in a
-    world of one there is nothing to synchronize and the layers stay as they are).
-    Call ``ddpkit.init()`` first.
+    ``gradient_as_bucket_view``, ``broadcast_buffers``; ``comm_hook`` compresses DDP's
+    gradient traffic (``"fp16"``, ``"bf16"``, ``"powersgd"``; see :mod:`ddpkit.commhooks`).
+    ``fsdp_units`` are the module classes FSDP shards as separate units. ``sync_batchnorm=True``
+    converts BatchNorm layers to SyncBatchNorm, so statistics are computed over the global
+    batch (in a world of one there is nothing to synchronize). Call ``ddpkit.init()`` first.
 
     Example:
         >>> import torch, ddpkit
@@ -60,25 +75,54 @@ def prepare_model(
         Linear(in_features=4, out_features=2, bias=True)
         >>> ddpkit.shutdown()
     """
-    if strategy not in STRATEGIES:
-        raise ConfigError(
-            f"unknown strategy {strategy!r}; choose one of {', '.join(repr(s) for s in STRATEGIES)}"
-        )
-    _check_ddp_options(ddp_options)
+    check_choice("strategy", strategy, STRATEGIES)
+    _check_options(strategy, ddp_options, comm_hook, fsdp_units)
     world = current_world()
-    if sync_batchnorm and world.world_size > 1:
-        if world.device.type != "cuda":
-            raise ConfigError(
-                "sync_batchnorm=True needs CUDA devices: torch's SyncBatchNorm does not run on "
-                f"{world.device.type}. Leave it off on CPU (each rank then normalizes over its "
-                "own batch), or train on GPUs."
-            )
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    if sync_batchnorm:
+        model = _convert_sync_batchnorm(model, world)
+    if strategy == "fsdp":
+        return shard_model(model, world, fsdp_units)
+    if strategy == "dp":
+        return _data_parallel(model, world)
     model = model.to(world.device)
     if strategy == "none" or world.world_size == 1:
         return model
     device_ids = [world.device.index] if world.device.type == "cuda" else None
-    return ExplainedDDP(model, device_ids=device_ids, **ddp_options)
+    wrapped = ExplainedDDP(model, device_ids=device_ids, **ddp_options)
+    if comm_hook is not None:
+        register_comm_hook(wrapped, comm_hook)
+    return wrapped
+
+
+def _convert_sync_batchnorm(model: nn.Module, world: World) -> nn.Module:
+    if world.world_size == 1:
+        return model
+    if world.device.type != "cuda":
+        raise ConfigError(
+            "sync_batchnorm=True needs CUDA devices: torch's SyncBatchNorm does not run on "
+            f"{world.device.type}. Leave it off on CPU (each rank then normalizes over its "
+            "own batch), or train on GPUs."
+        )
+    converted: nn.Module = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
+    return converted
+
+
+def _data_parallel(model: nn.Module, world: World) -> nn.Module:
+    if world.world_size > 1:
+        raise ConfigError(
+            f'strategy="dp" drives all GPUs from one process, but this job has '
+            f'{world.world_size} processes; use strategy="ddp" (one process per GPU), '
+            "or start a single process"
+        )
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        print(
+            f'ddpkit: strategy="dp" needs 2 or more GPUs and {gpus} is visible; '
+            f"the model runs unwrapped on {world.device}",
+            flush=True,
+        )
+        return model.to(world.device)
+    return DataParallel(model.to("cuda:0"))
 
 
 class ExplainedDDP(DistributedDataParallel):
@@ -110,12 +154,24 @@ def _unused_parameters_message(module: nn.Module) -> str:
     )
 
 
-def _check_ddp_options(options: dict[str, Any]) -> None:
-    unknown = sorted(set(options) - set(DDP_OPTIONS))
+def _check_options(
+    strategy: str,
+    ddp_options: dict[str, Any],
+    comm_hook: str | None,
+    fsdp_units: Sequence[type[nn.Module]],
+) -> None:
+    unknown = sorted(set(ddp_options) - set(DDP_OPTIONS))
     if unknown:
         raise ConfigError(
             f"unknown DDP option(s) {', '.join(unknown)}; accepted: {', '.join(DDP_OPTIONS)}"
         )
+    if comm_hook is not None:
+        check_choice("comm_hook", comm_hook, COMM_HOOKS)  # in a world of one too
+    ddp_only = [*ddp_options, *(["comm_hook"] if comm_hook is not None else [])]
+    if strategy != "ddp" and ddp_only:
+        raise ConfigError(f'{", ".join(ddp_only)} only apply to strategy="ddp", not {strategy!r}')
+    if strategy != "fsdp" and fsdp_units:
+        raise ConfigError(f'fsdp_units only applies to strategy="fsdp", not {strategy!r}')
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -128,6 +184,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         >>> unwrap_model(torch.nn.Linear(2, 2)).in_features
         2
     """
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
+    wrapped = isinstance(model, (DistributedDataParallel, DataParallel))
+    inner = model.module if wrapped else model
     assert isinstance(inner, nn.Module)
     return inner

@@ -12,13 +12,9 @@ import torch
 import ddpkit
 import mp_workers
 from ddpkit import WorkerFailedError
+from mp_workers import max_abs_diff
 
 pytestmark = pytest.mark.multiproc
-
-
-def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def test_spawn_gives_each_worker_its_world() -> None:
@@ -119,8 +115,8 @@ def test_sync_batchnorm_on_cpu_says_it_needs_gpus() -> None:
 
 @pytest.mark.parametrize("clip", [None, 0.05])
 def test_accumulation_and_clipping_equal_one_large_batch(clip: float | None) -> None:
-    # 2 workers x batch 2 x 2 micro-steps == 1 process x batch 8 (40 samples: 5 steps).
-    distributed = ddpkit.spawn(mp_workers.sgd_steps_with, 2, 2, 2, clip)
+    # 2 workers x batch 1 x 4 micro-steps == 1 process x batch 8 (40 samples: 5 steps).
+    distributed = ddpkit.spawn(mp_workers.sgd_steps_with, 2, 1, 4, clip)
     single = mp_workers.sgd_steps_with(8, 1, clip)
     assert max_abs_diff(distributed[0], distributed[1]) == 0.0
     assert max_abs_diff(distributed[0], single) <= 1e-6

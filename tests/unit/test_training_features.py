@@ -1,0 +1,139 @@
+"""Training features in a world of one (no processes): the same code path N workers run."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import ddpkit
+from ddpkit import ConfigError
+from ddpkit.errors import CheckpointError
+from ddpkit.seeding import rank_seed
+from ddpkit.sharded import SafeFileSystemReader, load_sharded, save_sharded
+from mp_workers import toy_dataset, toy_model
+
+
+def test_dp_without_two_gpus_says_so_and_runs_unwrapped(capsys: pytest.CaptureFixture) -> None:
+    ddpkit.init()
+    model = ddpkit.prepare_model(toy_model(), "dp")
+    assert isinstance(model, torch.nn.Sequential)
+    assert 'strategy="dp" needs 2 or more GPUs and 0 is visible' in capsys.readouterr().out
+
+
+def test_fsdp_in_a_world_of_one_trains_the_whole_model() -> None:
+    ddpkit.init()
+    model = ddpkit.prepare_model(toy_model(), "fsdp", fsdp_units=(torch.nn.Linear,))
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
+    assert history[1]["loss"] < history[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"comm_hook": "int8"}, "unknown comm_hook 'int8'; choose one of 'fp16', 'bf16'"),
+        ({"strategy": "fsdp", "bucket_cap_mb": 5}, 'only apply to strategy="ddp"'),
+        ({"fsdp_units": (torch.nn.Linear,)}, 'fsdp_units only applies to strategy="fsdp"'),
+        ({"strategy": "fsdp", "fsdp_units": ("Linear",)}, "must be nn.Module classes"),
+    ],
+)
+def test_wrong_strategy_options_are_refused(kwargs: dict, message: str) -> None:
+    ddpkit.init()
+    with pytest.raises(ConfigError, match=message):
+        ddpkit.prepare_model(toy_model(), **kwargs)
+
+
+def test_fp16_needs_a_gpu_and_unknown_precisions_are_listed() -> None:
+    ddpkit.init()
+    model = ddpkit.prepare_model(toy_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=r'needs a CUDA device.*Use precision="bf16" on CPU'):
+        ddpkit.Trainer(model, opt, F.cross_entropy, precision="fp16")
+    with pytest.raises(ConfigError, match="unknown precision 'fp8'; choose one of 'fp32'"):
+        ddpkit.Trainer(model, opt, F.cross_entropy, precision="fp8")
+
+
+def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_fp32_weights() -> None:
+    ddpkit.init()
+    model = ddpkit.prepare_model(toy_model())
+    trainer = ddpkit.Trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, precision="bf16"
+    )
+    seen = []
+    model.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=3)
+    assert seen[0] == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert history[2]["loss"] < history[0]["loss"]
+
+
+def test_lr_scaling_rules() -> None:
+    ddpkit.init()
+    linear = ddpkit.plan_batch(32, accumulate=4, lr=0.1, lr_scaling="linear")
+    root = ddpkit.plan_batch(32, accumulate=4, lr=0.1, lr_scaling="sqrt")
+    assert (linear.global_batch, linear.lr) == (128, pytest.approx(0.4))
+    assert root.lr == pytest.approx(0.2)
+    assert ddpkit.plan_batch(32, "global", lr=0.1, lr_scaling="none").lr == 0.1
+    with pytest.raises(ConfigError, match="unknown lr_scaling 'cubic'"):
+        ddpkit.plan_batch(32, lr=0.1, lr_scaling="cubic")
+    with pytest.raises(ConfigError, match="unknown uneven 'wrap'; choose one of 'pad', 'drop'"):
+        ddpkit.prepare_loader(toy_dataset(), 8, uneven="wrap")
+
+
+def test_the_scheduler_is_stepped_per_step_and_resumed_from_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    def trainer_with_scheduler(epochs: int) -> ddpkit.Trainer:
+        model = ddpkit.prepare_model(toy_model())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        trainer = ddpkit.Trainer(model, opt, F.cross_entropy, tmp_path, scheduler=scheduler)
+        trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=epochs)
+        return trainer
+
+    ddpkit.init()
+    first = trainer_with_scheduler(epochs=2)  # 5 steps per epoch: 10 steps
+    assert first.scheduler.last_epoch == 10
+    assert first.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
+    resumed = trainer_with_scheduler(epochs=3)  # resumes at epoch 2, 5 more steps
+    assert resumed.scheduler.last_epoch == 15
+    assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**5)
+
+
+def test_sharded_checkpoint_round_trip_without_a_process_group(tmp_path: Path) -> None:
+    ddpkit.init()
+    model, other = toy_model(seed=1), toy_model(seed=2)
+    opt = torch.optim.Adam(model.parameters())
+    opt_other = torch.optim.Adam(other.parameters())
+    path = save_sharded(model, opt, {"epoch": 3}, tmp_path, epoch=3)
+    assert load_sharded(other, opt_other, path)["epoch"] == 3
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, other.state_dict()[name]), name
+
+
+class _Payload:
+    def __reduce__(self) -> tuple:
+        return (print, ("code ran while loading",))
+
+
+def test_sharded_metadata_holding_code_is_refused(tmp_path: Path) -> None:
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(_Payload()))
+    with pytest.raises(pickle.UnpicklingError, match=r"refusing to load builtins\.print"):
+        SafeFileSystemReader(tmp_path).read_metadata()
+    with pytest.raises(CheckpointError, match="is missing: not a complete sharded checkpoint"):
+        SafeFileSystemReader(tmp_path / "absent").read_metadata()
+
+
+def test_one_seed_reproduces_and_rank_streams_are_distinct() -> None:
+    ddpkit.init(seed=11)
+    first = torch.rand(3)
+    ddpkit.shutdown()
+    ddpkit.init(seed=11)
+    assert torch.equal(first, torch.rand(3))
+    assert len({rank_seed(11, r) for r in range(64)}) == 64
+    with pytest.raises(ConfigError, match="seed must be an integer"):
+        ddpkit.seed_everything(-1)
