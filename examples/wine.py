@@ -6,6 +6,8 @@ StandardScaler fitted on the train split, an MLP 13 -> 64 -> 3, Adam (lr 1e-3), 
 
     python examples/wine.py --epochs 100                    # one process
     ddpkit run --nproc 2 examples/wine.py --epochs 100      # two workers, DDP over gloo
+    ddpkit run --nproc 2 examples/wine.py --strategy fsdp --precision bf16
+    ddpkit run --nproc 2 examples/wine.py --batch-policy global --batch-size 64
 """
 
 from __future__ import annotations
@@ -44,30 +46,53 @@ def make_model() -> nn.Module:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=100)
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per device per step")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--batch-size", type=int, default=32, help="see --batch-policy")
+    parser.add_argument(
+        "--batch-policy",
+        choices=["per_device", "global"],
+        default="per_device",
+        help="per_device: each rank takes --batch-size; global: --batch-size split over ranks",
+    )
+    parser.add_argument("--lr", type=float, default=1e-3, help="for --batch-size in one process")
+    parser.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none")
+    parser.add_argument("--accumulate", type=int, default=1, help="micro-steps per step")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp", "dp", "none"], default="ddp")
+    parser.add_argument("--comm-hook", choices=["fp16", "bf16", "powersgd"], default=None)
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N epochs")
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
 
+def hook_option(args: argparse.Namespace) -> dict[str, str]:
+    return {"comm_hook": args.comm_hook} if args.comm_hook else {}
+
+
 def main() -> None:
     args = parse_args()
-    ddpkit.init()
-    torch.manual_seed(args.seed)  # DDP also broadcasts rank 0's weights, so replicas match
+    ddpkit.init(seed=args.seed)  # the same model on every rank; DDP/FSDP broadcast it too
     train_set, test_set = load_data()
-    model = ddpkit.prepare_model(make_model())
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    model = ddpkit.prepare_model(make_model(), args.strategy, **hook_option(args))
+    plan = ddpkit.plan_batch(
+        args.batch_size,
+        args.batch_policy,
+        accumulate=args.accumulate,
+        lr=args.lr,
+        lr_scaling=args.lr_scaling,
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=plan.lr)
     trainer = ddpkit.Trainer(
         model,
         optimizer,
         loss_fn=F.cross_entropy,
         checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every,
+        accumulate=args.accumulate,
+        precision=args.precision,
     )
-    train = ddpkit.prepare_loader(train_set, batch_size=args.batch_size, shuffle=True)
-    test = ddpkit.prepare_loader(test_set, batch_size=args.batch_size, shuffle=False)
+    train = ddpkit.prepare_loader(train_set, plan, shuffle=True)
+    test = ddpkit.prepare_loader(test_set, plan, shuffle=False)
     trainer.fit(train, epochs=args.epochs)
     result = trainer.evaluate(test)
     ddpkit.print0(
