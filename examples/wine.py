@@ -93,7 +93,7 @@ def main() -> None:
     )
     train = ddpkit.prepare_loader(train_set, plan, shuffle=True)
     test = ddpkit.prepare_loader(test_set, plan, shuffle=False)
-    trainer.fit(train, epochs=args.epochs)
+    trainer.fit(train, epochs=args.epochs, val=test)  # val_accuracy per epoch, exact
     result = trainer.evaluate(test)
     ddpkit.print0(
         f"test accuracy {result['accuracy']:.4f}  test loss {result['loss']:.4f}  "

@@ -1,4 +1,4 @@
-"""The ``ddpkit`` command: ``ddpkit run`` launches, ``ddpkit slurm`` writes an sbatch script.
+"""The ``ddpkit`` command: ``run`` launches, ``bench`` measures scaling, ``slurm`` writes sbatch.
 
 Mistakes in the command line end in one line naming what was wrong and how to fix it (exit
 code 2); a failed worker ends the launcher with that worker's exit code.
@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 from ddpkit import __version__
+from ddpkit.bench import BenchConfig, run_bench
+from ddpkit.benchreport import markdown_table, write_charts, write_results
 from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
@@ -99,7 +103,71 @@ def build_parser() -> argparse.ArgumentParser:
         "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script unchanged"
     )
     _add_slurm_command(commands)
+    _add_bench_command(commands)
     return parser
+
+
+def _add_bench_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    def pick(value: Any) -> Any:
+        return value if default is None else default
+
+    parser.add_argument(
+        "--workers",
+        type=_sizes,
+        default=pick((1, 2, 4)),
+        metavar="N,N,...",
+        help="world sizes to run (default: 1,2,4; 1 is a plain process, the baseline)",
+    )
+    parser.add_argument("--repeat", type=int, default=pick(1), help="runs per size (median)")
+    parser.add_argument("--out", default=pick("bench"), help="output folder (default: bench)")
+    parser.add_argument(
+        "--threads-per-worker",
+        type=int,
+        default=pick(None),
+        metavar="T",
+        help="CPU threads per worker at every size (default: cores / largest size)",
+    )
+
+
+def _add_bench_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    bench = commands.add_parser(
+        "bench",
+        help="run SCRIPT at 1, 2, 4 workers: scaling table, CSV/JSON and charts",
+        description="Run the unchanged SCRIPT at each world size and report training time, "
+        "samples/s, speedup, efficiency and loss curves. bench's own options may come before "
+        "or after SCRIPT; everything else (and all after --) goes to the script.",
+    )
+    _add_bench_options(bench, None)
+    bench.add_argument("script", help="the training script (reports through ddpkit.Trainer)")
+    bench.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
+
+
+def parse_bench(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``bench ...``: its own options may follow SCRIPT; all after ``--`` is the script's.
+
+    Example:
+        >>> parse_bench(["bench", "t.py", "--workers", "1,2", "--", "--workers", "8"]).script_args
+        ['--workers', '8']
+    """
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = build_parser().parse_args(argv[:cut])
+    late = argparse.ArgumentParser(add_help=False)
+    _add_bench_options(late, argparse.SUPPRESS)
+    found, unknown = late.parse_known_args(args.script_args)
+    merged = argparse.Namespace(**{**vars(args), **vars(found)})
+    merged.script_args = unknown + argv[cut + 1 :]
+    return merged
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list like 1,2,4") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: world sizes must be positive")
+    return tuple(sorted(set(sizes)))
 
 
 def _add_slurm_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -138,8 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["run", "--nproc", "0", "train.py"])  # doctest: +SKIP
         2
     """
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_bench(argv) if argv[:1] == ["bench"] else build_parser().parse_args(argv)
     try:
         return _run(args)
     except WorkerFailedError as err:
@@ -154,10 +222,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command == "bench":
+        return _bench(args)
     if args.command == "slurm":
         print(sbatch_script(_sbatch_options(args), args.script, args.script_args), end="")
         return 0
     run_script(launch_plan(args), args.script, args.script_args)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    config = BenchConfig(
+        script=args.script,
+        script_args=tuple(args.script_args),
+        workers=args.workers,
+        repeat=args.repeat,
+        out=Path(args.out),
+        threads_per_worker=args.threads_per_worker,
+    )
+    summary = run_bench(config)
+    written = write_results(summary, config.out)
+    charts = write_charts(summary, config.out)
+    print(f"\n{markdown_table(summary['rows'])}\n")
+    print(f"batch policy: {summary['rows'][0]['batch_policy']}; "
+          f"{summary['threads_per_worker']} thread(s) per worker")  # fmt: skip
+    for path in [*written, *(charts if isinstance(charts, list) else [])]:
+        print(f"wrote {path}")
+    if isinstance(charts, str):
+        print(charts)
     return 0
 
 

@@ -83,7 +83,9 @@ def prepare_loader(
     loader_kwargs.setdefault(
         "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
     )
-    return DataLoader(dataset, batch_size=plan.per_device, sampler=sampler, **loader_kwargs)
+    loader = DataLoader(dataset, batch_size=plan.per_device, sampler=sampler, **loader_kwargs)
+    loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
+    return loader
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ class BatchPlan:
     global_batch: int
     base_batch: int
     lr: float | None = None
+    policy: str = "per_device"
 
     def describe(self) -> str:
         """One line for logs.
@@ -133,7 +136,7 @@ def plan_batch(
         >>> _ = ddpkit.init()
         ddpkit: world size 1 ...
         >>> plan_batch(32, "per_device", accumulate=4, lr=0.1, lr_scaling="linear")
-        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4)
+        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4, policy='per_device')
         >>> ddpkit.shutdown()
     """
     check_positive_int("batch_size", batch_size)
@@ -151,7 +154,8 @@ def plan_batch(
     global_batch = per_device * world_size * accumulate
     ratio = global_batch / batch_size
     multiplier = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
-    return BatchPlan(per_device, global_batch, batch_size, None if lr is None else lr * multiplier)
+    scaled = None if lr is None else lr * multiplier
+    return BatchPlan(per_device, global_batch, batch_size, scaled, policy)
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:

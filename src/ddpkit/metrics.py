@@ -8,7 +8,7 @@ Example:
     >>> sums = MetricSums(torch.device("cpu"))
     >>> sums.add(torch.tensor(0.5), torch.tensor([[2.0, 1.0], [0.0, 1.0]]), torch.tensor([0, 0]))
     >>> sums.reduce()
-    {'loss': 0.5, 'accuracy': 0.5}
+    {'loss': 0.5, 'samples': 2.0, 'accuracy': 0.5}
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class MetricSums:
         loss_sum, count, correct = all_reduce_sum(self.sums).tolist()
         if count == 0:
             return {}
-        metrics = {"loss": loss_sum / count}
+        metrics = {"loss": loss_sum / count, "samples": count}
         if self.classifier:
             metrics["accuracy"] = correct / count
         return metrics
@@ -74,10 +74,10 @@ def format_epoch(metrics: dict[str, float], epochs: int) -> str:
     """One log line for an epoch's metrics.
 
     Example:
-        >>> format_epoch({"epoch": 1.0, "loss": 0.5, "time_s": 1.25}, 10)
+        >>> format_epoch({"epoch": 1.0, "loss": 0.5, "samples": 8.0, "time_s": 1.25}, 10)
         'epoch 1/10  loss 0.5000  (1.25 s)'
     """
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}"]
-    parts += [f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("epoch", "time_s")]
+    parts += [f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("epoch", "time_s", "samples")]
     parts.append(f"({metrics['time_s']:.2f} s)")
     return "  ".join(parts)

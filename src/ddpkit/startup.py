@@ -32,10 +32,34 @@ def describe_training(trainer: Any, loader: Any) -> str:
     name = strategy_name(trainer.model)
     parts = [f"ddpkit: training {name.upper() if name != 'none' else 'an unwrapped model'}"]
     parts.append(_batch_text(getattr(loader, "batch_size", None), world_size, trainer.accumulate))
+    plan = getattr(loader, "ddpkit_batch_plan", None)
+    if plan is not None and plan.policy != "per_device":
+        parts[-1] += f" (batch_policy={plan.policy})"
     parts.append(_lr_text(trainer.optimizer))
     parts.append(trainer.precision.precision)
     note = _uneven_note(loader)
     return "; ".join(parts + ([note] if note else []))
+
+
+def setup_record(trainer: Any, loader: Any) -> dict[str, Any]:
+    """The run's set-up as plain values, for ``ddpkit bench`` (see :mod:`ddpkit.reporting`).
+
+    Example:
+        >>> setup_record(trainer, train_loader)["global_batch"]  # doctest: +SKIP
+        64
+    """
+    world_size = trainer.world.world_size
+    per_device = getattr(loader, "batch_size", None)
+    plan = getattr(loader, "ddpkit_batch_plan", None)
+    return {
+        "world_size": world_size,
+        "strategy": strategy_name(trainer.model),
+        "per_device_batch": per_device,
+        "global_batch": per_device * world_size * trainer.accumulate if per_device else None,
+        "batch_policy": plan.policy if plan is not None else "per_device",
+        "lr": float(trainer.optimizer.param_groups[0]["lr"]),
+        "precision": trainer.precision.precision,
+    }
 
 
 def strategy_name(model: nn.Module) -> str:

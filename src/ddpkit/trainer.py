@@ -44,9 +44,10 @@ from ddpkit.fsdp import is_sharded, no_gradient_sync
 from ddpkit.metrics import MetricSums, format_epoch
 from ddpkit.precision import MixedPrecision
 from ddpkit.rendezvous import current_world
+from ddpkit.reporting import report
 from ddpkit.seeding import configured_seed, seed_rank_streams
 from ddpkit.sharded import load_sharded, save_sharded
-from ddpkit.startup import describe_training
+from ddpkit.startup import describe_training, setup_record
 from ddpkit.strategy import unwrap_model
 from ddpkit.validate import check_choice, check_positive_int
 
@@ -132,6 +133,7 @@ class Trainer:
             self.history.append(metrics)
             self.epoch = epoch + 1
             print0(format_epoch(metrics, epochs))
+            report("epoch", **metrics)
             self._maybe_save(epochs)
         return self.history
 
@@ -291,6 +293,7 @@ class Trainer:
         """Say once how the run is set up; seed the per-rank random streams."""
         if not self._announced:
             print0(describe_training(self, loader))
+            report("setup", **setup_record(self, loader))
             self._announced = True
         seed = configured_seed()
         if seed is not None:  # augmentation and dropout differ per rank, reproducibly
