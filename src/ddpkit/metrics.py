@@ -78,6 +78,7 @@ def format_epoch(metrics: dict[str, float], epochs: int) -> str:
         'epoch 1/10  loss 0.5000  (1.25 s)'
     """
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}"]
-    parts += [f"{k} {v:.4f}" for k, v in metrics.items() if k not in ("epoch", "time_s", "samples")]
+    shown = {k: v for k, v in metrics.items() if k not in ("epoch", "time_s")}
+    parts += [f"{k} {v:.4f}" for k, v in shown.items() if not k.endswith("samples")]
     parts.append(f"({metrics['time_s']:.2f} s)")
     return "  ".join(parts)

@@ -1,0 +1,209 @@
+"""Parity: ddpkit against a hand-written torch DDP loop (the tutorials' style), side by side.
+
+Two workloads: a compute-bound small CNN on 32x32 inputs and a communication-heavy MLP of
+about 1.6M parameters. For each, the same model, data, batch and SGD run as
+
+- ``single``: one process, no DDP, a plain loop (the baseline for speedup);
+- ``independent``: N such processes side by side, no communication: the machine's ceiling
+  (on a machine whose cores share caches or memory bandwidth it is below N);
+- ``raw``: the tutorials' loop: torch.multiprocessing.spawn, init_process_group, DDP,
+  DistributedSampler, set_epoch, forward / backward / step;
+- ``ddpkit``: ddpkit.spawn, prepare_model, prepare_loader, Trainer.fit with default settings;
+- ``ddpkit tuned`` (MLP only): the same with comm_hook="bf16" and a larger gradient bucket.
+
+Runs alternate between variants, each a fresh launch, and the median of ``--repeat`` runs is
+reported: step time (epoch time / steps, measured inside the workers), ddpkit/raw ratio and
+the N-worker speedup over ``single`` (throughput ratio; N is the limit). Every worker gets
+``--threads`` CPU threads, so on 2 cores 2 workers x 1 thread is the machine's full width.
+
+    .venv/bin/python benchmarks/parity.py                     # full: ~5 minutes on 2 cores
+    .venv/bin/python benchmarks/parity.py --tiny              # smoke: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import ddpkit
+
+
+def make_model(workload: str) -> nn.Module:
+    torch.manual_seed(0)
+    if workload == "cnn":
+        return nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(64 * 8 * 8, 64), nn.ReLU(), nn.Linear(64, 10),
+        )  # fmt: skip
+    return nn.Sequential(nn.Linear(784, 1024), nn.ReLU(), nn.Linear(1024, 768), nn.ReLU(),
+                         nn.Linear(768, 10))  # fmt: skip
+
+
+def make_data(workload: str, samples: int) -> TensorDataset:
+    generator = torch.Generator().manual_seed(1)
+    shape = (3, 32, 32) if workload == "cnn" else (784,)
+    x = torch.randn(samples, *shape, generator=generator)
+    return TensorDataset(x, torch.randint(0, 10, (samples,), generator=generator))
+
+
+def timed_epochs(step_fn: Any, loader: DataLoader, sampler: Any, epochs: int) -> float:
+    """Seconds per step over ``epochs`` epochs after one warm-up epoch."""
+    times = []
+    for epoch in range(epochs + 1):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        start = time.perf_counter()
+        for inputs, targets in loader:
+            step_fn(inputs, targets)
+        times.append((time.perf_counter() - start) / len(loader))
+    return statistics.median(times[1:])
+
+
+def plain_step(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(model(inputs), targets).backward()
+        optimizer.step()
+
+    return step
+
+
+def single_run(cfg: dict[str, Any]) -> float:
+    """One process, no DDP: the speedup baseline."""
+    torch.set_num_threads(cfg["threads"])
+    model = make_model(cfg["workload"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(make_data(cfg["workload"], cfg["samples"]), cfg["batch"], shuffle=True)
+    return timed_epochs(plain_step(model, optimizer), loader, None, cfg["epochs"])
+
+
+def independent_run(cfg: dict[str, Any]) -> float:
+    """N single processes side by side, no communication: the machine's own ceiling."""
+    with mp.get_context("spawn").Pool(cfg["workers"]) as pool:
+        return statistics.median(pool.map(single_run, [cfg] * cfg["workers"]))
+
+
+def raw_worker(rank: int, cfg: dict[str, Any], result: str) -> None:
+    """The tutorials' hand-written DDP loop."""
+    torch.set_num_threads(cfg["threads"])
+    dist.init_process_group("gloo", rank=rank, world_size=cfg["workers"])
+    model = nn.parallel.DistributedDataParallel(make_model(cfg["workload"]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = make_data(cfg["workload"], cfg["samples"])
+    sampler: DistributedSampler[Any] = DistributedSampler(data)
+    loader = DataLoader(data, cfg["batch"], sampler=sampler)
+    seconds = timed_epochs(plain_step(model, optimizer), loader, sampler, cfg["epochs"])
+    if rank == 0:
+        Path(result).write_text(json.dumps(seconds))
+    # Free DDP before the group: if DDP's reducer holds the group's last reference, torch
+    # 2.13 destroys the gloo group under the GIL and can deadlock with its worker threads.
+    del model, optimizer
+    dist.destroy_process_group()
+
+
+def raw_run(cfg: dict[str, Any]) -> float:
+    with tempfile.TemporaryDirectory() as folder:
+        result = os.path.join(folder, "result.json")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        mp.spawn(raw_worker, args=(cfg, result), nprocs=cfg["workers"])
+        return float(json.loads(Path(result).read_text()))
+
+
+def ddpkit_worker(cfg: dict[str, Any], options: dict[str, Any]) -> float:
+    """The same job through ddpkit's public API."""
+    torch.set_num_threads(cfg["threads"])
+    ddpkit.init()
+    model = ddpkit.prepare_model(make_model(cfg["workload"]), **options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
+    loader = ddpkit.prepare_loader(make_data(cfg["workload"], cfg["samples"]), cfg["batch"])
+    history = trainer.fit(loader, epochs=cfg["epochs"] + 1)
+    return statistics.median(h["time_s"] / len(loader) for h in history[1:])
+
+
+def ddpkit_run(cfg: dict[str, Any], options: dict[str, Any]) -> float:
+    return float(ddpkit.spawn(ddpkit_worker, cfg["workers"], cfg, options)[0])
+
+
+def variants(workload: str) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "single": single_run,
+        "independent": independent_run,
+        "raw": raw_run,
+        "ddpkit": lambda cfg: ddpkit_run(cfg, {}),
+    }
+    if workload == "mlp":
+        tuned = {"comm_hook": "bf16", "bucket_cap_mb": 50}
+        found["ddpkit tuned"] = lambda cfg: ddpkit_run(cfg, tuned)
+    return found
+
+
+def measure(workload: str, args: argparse.Namespace) -> dict[str, float]:
+    cfg = {"workload": workload, "workers": args.workers, "threads": args.threads,
+           "batch": args.batch, "samples": args.samples, "epochs": args.epochs}  # fmt: skip
+    runs: dict[str, list[float]] = {name: [] for name in variants(workload)}
+    for repeat in range(args.repeat):
+        names = list(runs) if repeat % 2 == 0 else list(runs)[::-1]  # alternate the order
+        for name in names:
+            runs[name].append(variants(workload)[name](cfg))
+    return {name: statistics.median(times) for name, times in runs.items()}
+
+
+def report(workload: str, steps: dict[str, float], workers: int) -> list[str]:
+    single = steps["single"]
+    lines = []
+    for name, seconds in steps.items():
+        speedup = single / seconds * (1 if name == "single" else workers)
+        vs_raw = f"{seconds / steps['raw']:.3f}" if name.startswith("ddpkit") else "-"
+        lines.append(
+            f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {speedup:.2f}x |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per worker")
+    parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
+    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per variant (median)")
+    parser.add_argument("--workloads", default="cnn,mlp")
+    parser.add_argument("--tiny", action="store_true", help="smoke-test sizes")
+    args = parser.parse_args()
+    if args.tiny:
+        args.samples, args.epochs, args.repeat, args.batch = 256, 1, 1, 32
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    lines = ["| workload | variant | step time | vs raw | speedup vs 1 process |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for workload in args.workloads.split(","):
+        lines += report(workload, measure(workload, args), args.workers)
+    print(f"\n{args.workers} workers x {args.threads} thread(s), batch {args.batch} per worker, "
+          f"median of {args.repeat} alternating runs\n")  # fmt: skip
+    print("\n".join(lines))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+if __name__ == "__main__":
+    main()
