@@ -9,7 +9,8 @@ about 1.6M parameters. For each, the same model, data, batch and SGD run as
 - ``raw``: the tutorials' loop: torch.multiprocessing.spawn, init_process_group, DDP,
   DistributedSampler, set_epoch, forward / backward / step;
 - ``ddpkit``: ddpkit.spawn, prepare_model, prepare_loader, Trainer.fit with default settings;
-- ``ddpkit tuned`` (MLP only): the same with comm_hook="bf16" and a larger gradient bucket.
+- ``ddpkit tuned`` (MLP only): the same with comm_hook="bf16" and a larger gradient bucket;
+- ``accelerate``: HF Accelerate's loop, when it is installed (``pip install -e ".[peers]"``).
 
 Runs alternate between variants, each a fresh launch, and the median of ``--repeat`` runs is
 reported: step time (epoch time / steps, measured inside the workers), ddpkit/raw ratio and
@@ -23,6 +24,7 @@ the N-worker speedup over ``single`` (throughput ratio; N is the limit). Every w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import socket
@@ -140,6 +142,30 @@ def ddpkit_run(cfg: dict[str, Any], options: dict[str, Any]) -> float:
     return float(ddpkit.spawn(ddpkit_worker, cfg["workers"], cfg, options)[0])
 
 
+def accelerate_worker(cfg: dict[str, Any]) -> float:
+    """The same loop through HF Accelerate (a peer), launched by the same launcher."""
+    from accelerate import Accelerator
+
+    torch.set_num_threads(cfg["threads"])
+    accelerator = Accelerator(cpu=True)
+    model = make_model(cfg["workload"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = make_data(cfg["workload"], cfg["samples"])
+    loader = DataLoader(data, cfg["batch"], shuffle=True)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+    def step(inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        accelerator.backward(F.cross_entropy(model(inputs), targets))
+        optimizer.step()
+
+    return timed_epochs(step, loader, None, cfg["epochs"])
+
+
+def peer_run(cfg: dict[str, Any], worker: Any) -> float:
+    return float(ddpkit.spawn(worker, cfg["workers"], cfg)[0])
+
+
 def variants(workload: str) -> dict[str, Any]:
     found: dict[str, Any] = {
         "single": single_run,
@@ -150,6 +176,8 @@ def variants(workload: str) -> dict[str, Any]:
     if workload == "mlp":
         tuned = {"comm_hook": "bf16", "bucket_cap_mb": 50}
         found["ddpkit tuned"] = lambda cfg: ddpkit_run(cfg, tuned)
+    if importlib.util.find_spec("accelerate") is not None:  # the optional `peers` extra
+        found["accelerate"] = lambda cfg: peer_run(cfg, accelerate_worker)
     return found
 
 
@@ -169,7 +197,9 @@ def report(workload: str, steps: dict[str, float], workers: int) -> list[str]:
     lines = []
     for name, seconds in steps.items():
         speedup = single / seconds * (1 if name == "single" else workers)
-        vs_raw = f"{seconds / steps['raw']:.3f}" if name.startswith("ddpkit") else "-"
+        vs_raw = (
+            f"{seconds / steps['raw']:.3f}" if name not in ("single", "independent", "raw") else "-"
+        )
         lines.append(
             f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {speedup:.2f}x |"
         )
