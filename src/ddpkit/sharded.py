@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -36,7 +35,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ddpkit.checkpoint import fsync_directory, load_checkpoint
-from ddpkit.collectives import barrier
+from ddpkit.collectives import barrier, is_main
 from ddpkit.errors import CheckpointError
 
 TRAINER_FILE = "trainer.pt"
@@ -79,7 +78,7 @@ def save_sharded(
     folder = Path(folder)
     final = folder / sharded_name(epoch)
     staging = folder / f".{final.name}.tmp"
-    if _is_main():
+    if is_main():
         shutil.rmtree(staging, ignore_errors=True)  # left by a run that died mid-write
         staging.mkdir(parents=True)
         torch.save(extra, staging / TRAINER_FILE)
@@ -87,7 +86,7 @@ def save_sharded(
     model_state, optim_state = get_state_dict(model, optimizer)
     with _single_process_is_intended():
         dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=staging)
-    if _is_main():
+    if is_main():
         shutil.rmtree(final, ignore_errors=True)  # the same epoch saved again
         os.replace(staging, final)
         fsync_directory(folder)
@@ -164,7 +163,3 @@ def _single_process_is_intended() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
-
-
-def _is_main() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0

@@ -267,7 +267,9 @@ class Trainer:
         if self.world.world_size == 1:
             return contextlib.nullcontext()
         count = float(total if total is not None else -1)
-        most, fewest = all_reduce_max(count), -all_reduce_max(-count)
+        # One collective for both ends: the max of -count is minus the min.
+        most, negated_fewest = all_reduce_max(torch.tensor([count, -count])).tolist()
+        fewest = -negated_fewest
         if most == fewest and fewest >= 0:
             return contextlib.nullcontext()
         if is_sharded(self.model):
