@@ -21,10 +21,12 @@ from ddpkit.collectives import (
 from ddpkit.data import BatchPlan, plan_batch, prepare_loader
 from ddpkit.errors import (
     CheckpointError,
+    CollectiveMismatchError,
     ConfigError,
     DdpkitError,
     NotInitializedError,
     RendezvousError,
+    ReplicaDivergenceError,
     WorkerFailedError,
 )
 from ddpkit.launch import spawn
@@ -32,6 +34,7 @@ from ddpkit.rendezvous import current_world, init, shutdown
 from ddpkit.seeding import seed_everything
 from ddpkit.strategy import prepare_model, unwrap_model
 from ddpkit.trainer import Trainer
+from ddpkit.watchdog import watch
 from ddpkit.world import World
 
 __version__ = "0.1.0"
@@ -39,10 +42,12 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchPlan",
     "CheckpointError",
+    "CollectiveMismatchError",
     "ConfigError",
     "DdpkitError",
     "NotInitializedError",
     "RendezvousError",
+    "ReplicaDivergenceError",
     "Trainer",
     "WorkerFailedError",
     "World",
@@ -63,4 +68,5 @@ __all__ = [
     "shutdown",
     "spawn",
     "unwrap_model",
+    "watch",
 ]

@@ -22,6 +22,7 @@ from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
 from ddpkit.slurm import SbatchOptions, sbatch_script
+from ddpkit.watchdog import HANG_TIMEOUT_ENV
 from ddpkit.world import slurm_nodes
 
 
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="restart the whole worker group up to K times after a failure",
     )
+    _add_diagnostic_options(run)
     nodes = run.add_argument_group("several nodes (run the same command on each)")
     nodes.add_argument(
         "--nnodes",
@@ -105,6 +107,50 @@ def build_parser() -> argparse.ArgumentParser:
     _add_slurm_command(commands)
     _add_bench_command(commands)
     return parser
+
+
+def _add_diagnostic_options(run: argparse.ArgumentParser) -> None:
+    group = run.add_argument_group("hangs and mismatched collectives")
+    group.add_argument(
+        "--hang-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds one training step or collective may take; past it every rank reports "
+        "what it is doing and the job exits with code 124 (default 600; 0: off)",
+    )
+    group.add_argument(
+        "--debug-collectives",
+        action="store_true",
+        help="check before each collective that all ranks call the same one with the same "
+        "shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL; slower, for debugging)",
+    )
+
+
+def worker_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The workers' environment that ``run``'s diagnostic flags ask for.
+
+    Example:
+        >>> args = build_parser().parse_args(["run", "--hang-timeout", "30", "t.py"])
+        >>> worker_settings(args)
+        {'DDPKIT_HANG_TIMEOUT': '30.0'}
+    """
+    settings = {}
+    if args.hang_timeout is not None:
+        settings[HANG_TIMEOUT_ENV] = str(args.hang_timeout)
+    if args.debug_collectives:
+        settings["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    return settings
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
 
 
 def _add_bench_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -227,7 +273,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "slurm":
         print(sbatch_script(_sbatch_options(args), args.script, args.script_args), end="")
         return 0
-    run_script(launch_plan(args), args.script, args.script_args)
+    run_script(launch_plan(args), args.script, args.script_args, worker_settings(args))
     return 0
 
 

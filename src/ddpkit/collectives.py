@@ -12,14 +12,18 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
+from ddpkit.errors import CollectiveMismatchError
+from ddpkit.failures import summarize_mismatch
 from ddpkit.rendezvous import world_or_none
+from ddpkit.watchdog import watch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -58,7 +62,8 @@ def barrier() -> None:
         >>> barrier()
     """
     if _group_active():
-        dist.barrier()
+        with _collective("barrier()"):
+            dist.barrier()
 
 
 @overload
@@ -72,7 +77,7 @@ def all_reduce_sum(value: torch.Tensor | float) -> torch.Tensor | float:
         >>> all_reduce_sum(torch.tensor([1.0, 2.0]))
         tensor([1., 2.])
     """
-    return _all_reduce(value, dist.ReduceOp.SUM)
+    return _all_reduce(value, dist.ReduceOp.SUM, "all_reduce_sum")
 
 
 @overload
@@ -86,14 +91,15 @@ def all_reduce_max(value: torch.Tensor | float) -> torch.Tensor | float:
         >>> all_reduce_max(3.0)
         3.0
     """
-    return _all_reduce(value, dist.ReduceOp.MAX)
+    return _all_reduce(value, dist.ReduceOp.MAX, "all_reduce_max")
 
 
-def _all_reduce(value: torch.Tensor | float, op: Any) -> torch.Tensor | float:
+def _all_reduce(value: torch.Tensor | float, op: Any, name: str) -> torch.Tensor | float:
     if not _group_active():
         return value
     tensor = _as_tensor(value)
-    dist.all_reduce(tensor, op=op)
+    with _collective(f"{name}({describe_tensor(tensor)})"):
+        dist.all_reduce(tensor, op=op)
     return tensor.to(value.device) if isinstance(value, torch.Tensor) else float(tensor.item())
 
 
@@ -114,6 +120,59 @@ def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
         return value
     total = all_reduce_sum(_as_tensor(value)) / dist.get_world_size()
     return total if isinstance(value, torch.Tensor) else float(total.item())
+
+
+def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor``, by rank; their first dimensions may differ.
+
+    Shapes beyond the first dimension and the dtype must agree (gloo and NCCL move equal
+    sizes, so rows are padded for the exchange and cut back after).
+
+    Example:
+        >>> all_gather_rows(torch.tensor([[1, 2]]))
+        [tensor([[1, 2]])]
+    """
+    if not _group_active():
+        return [tensor]
+    local = _as_tensor(tensor)
+    counts = all_gather_rows_count(local.shape[0])
+    padded = torch.zeros((max(counts), *local.shape[1:]), dtype=local.dtype, device=local.device)
+    padded[: local.shape[0]] = local
+    gathered = [torch.empty_like(padded) for _ in counts]
+    with _collective(f"all_gather({describe_tensor(padded)})"):
+        dist.all_gather(gathered, padded)
+    return [rows[:count].to(tensor.device) for rows, count in zip(gathered, counts, strict=True)]
+
+
+def all_gather_rows_count(count: int) -> list[int]:
+    """Every rank's ``count``, by rank.
+
+    Example:
+        >>> all_gather_rows_count(3)
+        [3]
+    """
+    if not _group_active():
+        return [count]
+    mine = _as_tensor(torch.tensor([count], dtype=torch.int64))
+    counts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    with _collective("all_gather(int64[1])"):
+        dist.all_gather(counts, mine)
+    return [int(c.item()) for c in counts]
+
+
+def broadcast_from_main(tensor: torch.Tensor) -> torch.Tensor:
+    """Rank 0's ``tensor`` on every rank (a new tensor; the input is not modified).
+
+    Example:
+        >>> broadcast_from_main(torch.tensor([5.0]))
+        tensor([5.])
+    """
+    if not _group_active():
+        return tensor
+    local = _as_tensor(tensor)
+    with _collective(f"broadcast({describe_tensor(local)})"):
+        dist.broadcast(local, src=0)
+    return local.to(tensor.device)
 
 
 def print0(*args: Any, **kwargs: Any) -> None:
@@ -144,6 +203,29 @@ def rank_zero_only(fn: F) -> F:
         return fn(*args, **kwargs) if is_main() else None
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _collective(label: str) -> Iterator[None]:
+    """Watched by the hang watchdog; torch's mismatch check (DETAIL mode) as a typed error."""
+    with watch(label):
+        try:
+            yield
+        except RuntimeError as err:
+            mismatch = summarize_mismatch(str(err))
+            if mismatch is None:
+                raise
+            raise CollectiveMismatchError(f"{mismatch}; this rank called {label}") from None
+
+
+def describe_tensor(tensor: torch.Tensor) -> str:
+    """dtype and shape, as hang and mismatch reports show them.
+
+    Example:
+        >>> describe_tensor(torch.zeros(2, 3))
+        'float32[2, 3]'
+    """
+    return f"{str(tensor.dtype).removeprefix('torch.')}[{', '.join(map(str, tensor.shape))}]"
 
 
 def _as_tensor(value: torch.Tensor | float) -> torch.Tensor:

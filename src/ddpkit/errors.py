@@ -82,3 +82,34 @@ class CheckpointError(DdpkitError, RuntimeError):
         ...
         ddpkit.errors.CheckpointError: runs/x/epoch_000002.pt is truncated
     """
+
+
+class CollectiveMismatchError(DdpkitError, RuntimeError):
+    """Ranks called different collectives, or the same one with different shapes or dtypes.
+
+    Example:
+        >>> raise CollectiveMismatchError("rank 0 calls ALLREDUCE [3] Float, rank 1 [4] Float")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.CollectiveMismatchError: rank 0 calls ALLREDUCE [3] Float, rank 1 [4] Float
+    """
+
+
+class ReplicaDivergenceError(DdpkitError, RuntimeError):
+    """DDP replicas that must be identical on every rank are not; names ranks and tensors.
+
+    Example:
+        >>> err = ReplicaDivergenceError(step=4, ranks=[1], tensors=["0.weight"], detail="")
+        >>> err.ranks, err.tensors
+        ([1], ['0.weight'])
+    """
+
+    def __init__(self, step: int, ranks: list[int], tensors: list[str], detail: str) -> None:
+        self.step = step
+        self.ranks = ranks
+        self.tensors = tensors
+        who = (f"rank {ranks[0]} differs" if len(ranks) == 1 else
+               f"ranks {','.join(map(str, ranks))} differ")  # fmt: skip
+        more = f" and {len(tensors) - 8} more" if len(tensors) > 8 else ""
+        shown = ", ".join(tensors[:8]) + more
+        super().__init__(f"replicas diverged at step {step}: {who} from rank 0 in {shown}{detail}")

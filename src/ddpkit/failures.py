@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -36,7 +37,9 @@ _ECHOES = (
     "broken pipe",
     "remote worker crashing",
     "communicator was aborted",
+    "hang reported by rank",  # a rank that answered another rank's hang report
 )
+HANG_REPORT_PREFIX = "hang: "  # how the watchdog's report starts
 _NO_DETAIL = "no error recorded; see the worker's output above"
 
 
@@ -79,11 +82,18 @@ def root_cause(err: ChildFailedError, log_dir: str | os.PathLike[str]) -> Worker
         1
     """
     failures = _all_failures(err, Path(log_dir))
-    ranked = sorted(failures, key=lambda f: (f.is_echo, f.text == _NO_DETAIL, f.timestamp, f.rank))
+    ranked = sorted(failures, key=_blame_order)
     cause = ranked[0]
     others = [f"rank {f.rank}" + (" after its peer died" if f.is_echo else "") for f in ranked[1:]]
     detail = cause.text + (f"\n(also failed: {', '.join(others)})" if others else "")
     return WorkerFailedError(rank=cause.rank, exitcode=cause.exitcode, detail=detail)
+
+
+def _blame_order(f: Failure) -> tuple[bool, bool, bool, int, int]:
+    # A hang report names the rank at fault itself; the agent's SIGTERM to the other workers
+    # can carry the same timestamp.
+    report = f.text.startswith(HANG_REPORT_PREFIX)
+    return (not report, f.is_echo, f.text == _NO_DETAIL, f.timestamp, f.rank)
 
 
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
@@ -143,25 +153,66 @@ def install_error_file_hook() -> None:
 
     def hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         if not issubclass(kind, KeyboardInterrupt):
-            _write_error_file(os.environ["TORCHELASTIC_ERROR_FILE"], kind, exc, tb)
+            stack = "".join(traceback.format_exception(kind, exc, tb))
+            mismatch = summarize_mismatch(str(exc))
+            if mismatch:  # torch's own text is one 1,000-character line; lead with the gist
+                print(f"ddpkit: {mismatch}", file=sys.stderr, flush=True)
+                stack = f"{mismatch}\n{stack}"
+            record_failure(mismatch or f"{kind.__name__}: {exc}", stack)
         previous(kind, exc, tb)
 
     hook._ddpkit = True  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 
-def _write_error_file(
-    path: str, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
-) -> None:
+def record_failure(message: str, details: str) -> None:
+    """Write this worker's failure where torch's elastic agent (and ddpkit run) read it.
+
+    A no-op outside an elastic launch. ``message`` is the headline; ``details`` is the text
+    (a traceback, a hang report) the launcher prints for the rank it blames.
+
+    Example:
+        >>> record_failure("hang: rank 1 did not reach all_reduce", "...")  # no launcher
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
     # The same layout torch's record() writes, so torch's agent can read it too.
     data = {
         "message": {
-            "message": f"{kind.__name__}: {exc}",
-            "extraInfo": {
-                "py_callstack": "".join(traceback.format_exception(kind, exc, tb)),
-                "timestamp": str(int(time.time())),
-            },
+            "message": message,
+            "extraInfo": {"py_callstack": details, "timestamp": str(int(time.time()))},
         }
     }
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
         Path(path).write_text(json.dumps(data))
+
+
+_MISMATCH_CALL = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), "
+    r"OpType=(\w+)(?:, TensorShape=\[([^\]]*)\], TensorDtypes=(\w+))?"
+)
+
+
+def summarize_mismatch(text: str) -> str | None:
+    """torch's TORCH_DISTRIBUTED_DEBUG=DETAIL mismatch error in one line, or None.
+
+    Example:
+        >>> print(summarize_mismatch(
+        ...     "Detected mismatch between collectives on ranks. Rank 0 is running collective: "
+        ...     "CollectiveFingerPrint(SequenceNumber=4, OpType=ALLREDUCE, TensorShape=[3], "
+        ...     "TensorDtypes=Float, ...), but Rank 1 is running collective: CollectiveFinger"
+        ...     "Print(SequenceNumber=4, OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float, "
+        ...     "...).Collectives differ in the following aspects:   Tensor Tensor shapes: 3vs 4"))
+        collective mismatch at call #4: rank 0 calls ALLREDUCE [3] Float,
+        rank 1 calls ALLREDUCE [4] Float (shapes: 3vs 4)
+    """
+    if "Detected mismatch between collectives" not in text:
+        return None
+    found = _MISMATCH_CALL.findall(text)
+    calls = [f"rank {r} calls {op}" + (f" [{shape}] {dtype}" if dtype else "")
+             for r, _, op, shape, dtype in found]  # fmt: skip
+    where = f" at call #{found[0][1]}" if found else ""
+    _, _, aspects = text.partition("differ in the following aspects:")
+    aspects = " ".join(aspects.replace("Tensor", "").split())
+    return f"collective mismatch{where}: {', '.join(calls)}" + (f" ({aspects})" if aspects else "")

@@ -22,7 +22,7 @@ import pickle
 import socket
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +72,17 @@ def spawn(
     return [results[first + local] for local in range(nprocs)]
 
 
-def run_script(plan: LaunchPlan, script: str, script_args: list[str]) -> None:
+def run_script(
+    plan: LaunchPlan,
+    script: str,
+    script_args: list[str],
+    worker_env: Mapping[str, str] | None = None,
+) -> None:
     """Launch ``python script *script_args`` as ``plan.nproc`` workers on this node.
 
     Any torchrun-style script works unchanged: it sees RANK, LOCAL_RANK, WORLD_SIZE,
-    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Raises :class:`WorkerFailedError` when a
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, plus ``worker_env`` (settings the user
+    asked for, which win over the environment). Raises :class:`WorkerFailedError` when a
     worker fails.
 
     Example:
@@ -85,7 +91,7 @@ def run_script(plan: LaunchPlan, script: str, script_args: list[str]) -> None:
     path = check_script(script)
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
-    with _launch_scope(defaults) as log_dir:
+    with _launch_scope({**defaults, **(worker_env or {})}) as log_dir:
         config = to_launch_config(plan, log_dir)
         try:
             elastic_launch(config, sys.executable)("-u", str(path), *script_args)

@@ -23,12 +23,14 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import Store
 
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.failures import install_error_file_hook
 from ddpkit.initmethod import InitMethod, parse_init_method
 from ddpkit.seeding import forget_seed, seed_everything
 from ddpkit.stores import await_all_ranks, open_store
+from ddpkit.watchdog import resolve_hang_timeout, start_watchdog, stop_watchdog
 from ddpkit.world import World
 
 DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; long collectives are legitimate
@@ -49,6 +51,7 @@ def init(
     world_size: int | None = None,
     join_timeout: float | None = None,
     seed: int | None = None,
+    hang_timeout: float | None = None,
 ) -> World:
     """Join the job and return this process's :class:`World`.
 
@@ -59,7 +62,10 @@ def init(
     ``join_timeout`` (seconds) bounds how long ranks wait for each other at start (default
     30 on one machine, 300 across machines); ``timeout`` bounds every collective afterwards.
     ``seed`` seeds every RNG identically on all ranks and is the base of the per-rank
-    augmentation streams (see :mod:`ddpkit.seeding`). Calling it again returns the same world.
+    augmentation streams (see :mod:`ddpkit.seeding`). ``hang_timeout`` (seconds; default
+    DDPKIT_HANG_TIMEOUT or 600, 0: off) bounds one step or collective: past it, every rank
+    reports what it is doing and the job exits (see :mod:`ddpkit.watchdog`). Calling it
+    again returns the same world.
 
     Example:
         >>> import ddpkit
@@ -77,9 +83,12 @@ def init(
     world = _with_endpoint(World.detect(backend=backend, rank=rank, world_size=world_size), method)
     if world.device.type == "cuda":
         torch.cuda.set_device(world.device)
+    hang_timeout = resolve_hang_timeout(hang_timeout)  # a bad value fails before joining
+    store = None
     if (world.is_launched or method is not None) and not dist.is_initialized():
         method = method or InitMethod("env")
-        _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
+        store = _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
+    start_watchdog(hang_timeout, world.rank, world.world_size, store)
     _current = world
     _register_teardown()
     install_error_file_hook()  # so the launcher can name this rank if it fails
@@ -96,6 +105,7 @@ def shutdown() -> None:
         >>> ddpkit.shutdown()
     """
     global _current
+    stop_watchdog()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _current = None
@@ -128,7 +138,7 @@ def world_or_none() -> World | None:
 
 def _join_process_group(
     world: World, method: InitMethod, timeout: timedelta, join_timeout: float | None
-) -> None:
+) -> Store:
     join_s = join_timeout if join_timeout is not None else default_join_timeout(world, method)
     where = method.path if method.kind == "file" else f"{world.master_addr}:{world.master_port}"
     store = open_store(world, method, join_s)
@@ -146,6 +156,7 @@ def _join_process_group(
             f"rank {world.rank} of {world.world_size} met its peers at {where} but the "
             f"{world.backend} process group failed to start: {_first_line(err)}"
         ) from err
+    return store
 
 
 def default_join_timeout(world: World, method: InitMethod) -> float:
