@@ -177,3 +177,29 @@ def sgd_steps_with(batch_size: int, accumulate: int, clip: float | None) -> dict
     )
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=batch_size), epochs=1)
     return cpu_state(model)
+
+
+class PerturbingSGD(torch.optim.SGD):
+    """SGD that, on one rank at one step, also nudges a weight: a replica drifting away."""
+
+    def __init__(self, params, lr: float, rank: int, at_step: int) -> None:
+        super().__init__(params, lr=lr)
+        self.rank, self.at_step, self.steps = rank, at_step, 0
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = super().step(closure)
+        self.steps += 1
+        if self.steps == self.at_step and ddpkit.get_rank() == self.rank:
+            self.param_groups[0]["params"][2][0, 0] += 1e-3  # the second layer's weight
+        return loss
+
+
+def train_with_replica_checks(check_every: int, perturb_step: int) -> int:
+    """Train with check_replicas_every; rank 1 drifts at ``perturb_step``. Returns steps made."""
+    ddpkit.init(timeout=60)
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = PerturbingSGD(model.parameters(), lr=0.1, rank=1, at_step=perturb_step)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, check_replicas_every=check_every)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=1)
+    return trainer.step

@@ -22,6 +22,7 @@ from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
 from ddpkit.slurm import SbatchOptions, sbatch_script
+from ddpkit.verify import add_verify_command, run_verify_command
 from ddpkit.watchdog import HANG_TIMEOUT_ENV
 from ddpkit.world import slurm_nodes
 
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_slurm_command(commands)
     _add_bench_command(commands)
+    add_verify_command(commands)
     return parser
 
 
@@ -270,6 +272,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return _bench(args)
+    if args.command == "verify":
+        return run_verify_command(args)
     if args.command == "slurm":
         print(sbatch_script(_sbatch_options(args), args.script, args.script_args), end="")
         return 0

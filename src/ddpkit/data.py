@@ -19,11 +19,13 @@ Example:
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from ddpkit.errors import ConfigError
 from ddpkit.rendezvous import current_world
@@ -33,6 +35,7 @@ from ddpkit.validate import check_choice, check_positive_int
 BATCH_POLICIES = ("per_device", "global")
 LR_SCALING = ("none", "linear", "sqrt")
 UNEVEN = ("pad", "drop")
+REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"
 
 
 def prepare_loader(
@@ -71,9 +74,10 @@ def prepare_loader(
     plan = batch_size if isinstance(batch_size, BatchPlan) else plan_batch(batch_size, batch_policy)
     _check_arguments(dataset, uneven, loader_kwargs)
     seed = seed if seed is not None else (configured_seed() or 0)
-    sampler: DistributedSampler[Any] = DistributedSampler(
+    shards = reference_world_size() or 1  # > 1 only in `ddpkit verify`'s reference run
+    sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else DistributedSampler)(
         dataset,
-        num_replicas=world.world_size,
+        num_replicas=shards if shards > 1 else world.world_size,
         rank=world.rank,
         shuffle=shuffle,
         seed=seed,
@@ -83,9 +87,73 @@ def prepare_loader(
     loader_kwargs.setdefault(
         "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
     )
-    loader = DataLoader(dataset, batch_size=plan.per_device, sampler=sampler, **loader_kwargs)
+    batch = plan.per_device * shards
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, **loader_kwargs)
     loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
     return loader
+
+
+class GlobalOrderSampler(Sampler[int]):
+    """The order N ``DistributedSampler`` shards cover together, read by one process.
+
+    Rank r of N takes positions r, r+N, r+2N, ... of the shuffled (and padded) order, so at
+    step s the N ranks' batches of B together hold positions s*N*B .. (s+1)*N*B-1: exactly
+    what one process reading this order in batches of N*B sees. ``ddpkit verify``'s
+    single-process reference uses it to train on the same samples, step by step, as N ranks.
+
+    Example:
+        >>> data = torch.utils.data.TensorDataset(torch.arange(5))
+        >>> list(GlobalOrderSampler(data, num_replicas=2, rank=0, shuffle=False))
+        [0, 1, 2, 3, 4, 0]
+    """
+
+    deterministic = True  # iterating it twice gives the same order (the sampler check)
+
+    def __init__(self, dataset: Dataset[Any], num_replicas: int, rank: int = 0, **options: Any):
+        self.shards: list[DistributedSampler[Any]] = [
+            DistributedSampler(dataset, num_replicas=num_replicas, rank=r, **options)
+            for r in range(num_replicas)
+        ]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch``, as each shard would."""
+        for shard in self.shards:
+            shard.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        columns = [list(shard) for shard in self.shards]
+        return iter([column[j] for j in range(len(columns[0])) for column in columns])
+
+    def __len__(self) -> int:
+        return sum(len(shard) for shard in self.shards)
+
+
+def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """In ``ddpkit verify``'s single-process reference: the world size it stands in for.
+
+    Batches are then planned as for that many ranks and one process reads all their shards,
+    so its global batch, learning rate and sample order are those of the N-rank run.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> reference_world_size({"DDPKIT_VERIFY_AS_WORLD": "2"})
+        2
+        >>> ddpkit.shutdown()
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(REFERENCE_WORLD_ENV)
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{REFERENCE_WORLD_ENV}={raw!r} must be a positive integer")
+    if current_world().world_size != 1:
+        raise ConfigError(
+            f"{REFERENCE_WORLD_ENV} is set (by ddpkit verify, for its single-process "
+            f"reference) but this process is one of {current_world().world_size}; unset it"
+        )
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -105,6 +173,7 @@ class BatchPlan:
     base_batch: int
     lr: float | None = None
     policy: str = "per_device"
+    lr_scaling: str = "none"
 
     def describe(self) -> str:
         """One line for logs.
@@ -136,14 +205,15 @@ def plan_batch(
         >>> _ = ddpkit.init()
         ddpkit: world size 1 ...
         >>> plan_batch(32, "per_device", accumulate=4, lr=0.1, lr_scaling="linear")
-        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4, policy='per_device')
+        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4, policy='per_device',
+                  lr_scaling='linear')
         >>> ddpkit.shutdown()
     """
     check_positive_int("batch_size", batch_size)
     check_positive_int("accumulate", accumulate)
     check_choice("batch_policy", policy, BATCH_POLICIES)
     check_choice("lr_scaling", lr_scaling, LR_SCALING)
-    world_size = current_world().world_size
+    world_size = reference_world_size() or current_world().world_size
     if policy == "global" and batch_size % world_size:
         raise ConfigError(
             f"batch_policy='global' splits the batch of {batch_size} over {world_size} ranks, "
@@ -155,7 +225,7 @@ def plan_batch(
     ratio = global_batch / batch_size
     multiplier = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
     scaled = None if lr is None else lr * multiplier
-    return BatchPlan(per_device, global_batch, batch_size, scaled, policy)
+    return BatchPlan(per_device, global_batch, batch_size, scaled, policy, lr_scaling)
 
 
 def set_epoch(loader: DataLoader[Any], epoch: int) -> None:

@@ -57,6 +57,9 @@ def setup_record(trainer: Any, loader: Any) -> dict[str, Any]:
         "per_device_batch": per_device,
         "global_batch": per_device * world_size * trainer.accumulate if per_device else None,
         "batch_policy": plan.policy if plan is not None else "per_device",
+        "base_batch": plan.base_batch if plan is not None else None,
+        "lr_scaling": plan.lr_scaling if plan is not None else None,
+        "loader_workers": getattr(loader, "num_workers", None),
         "lr": float(trainer.optimizer.param_groups[0]["lr"]),
         "precision": trainer.precision.precision,
     }

@@ -78,6 +78,7 @@ def prepare_model(
     check_choice("strategy", strategy, STRATEGIES)
     _check_options(strategy, ddp_options, comm_hook, fsdp_units)
     world = current_world()
+    _record_build(model)
     if sync_batchnorm:
         model = _convert_sync_batchnorm(model, world)
     if strategy == "fsdp":
@@ -92,6 +93,15 @@ def prepare_model(
     if comm_hook is not None:
         register_comm_hook(wrapped, comm_hook)
     return wrapped
+
+
+def _record_build(model: nn.Module) -> None:
+    """Under ``ddpkit verify``: each rank's weights before wrapping evens them out."""
+    from ddpkit.verifyrecord import active_recorder  # it unwraps models: a cycle at import
+
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.model_built(model)
 
 
 def _convert_sync_batchnorm(model: nn.Module, world: World) -> nn.Module:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import torch
@@ -48,6 +48,7 @@ from ddpkit.reporting import report
 from ddpkit.seeding import configured_seed, seed_rank_streams
 from ddpkit.sharded import load_sharded, save_sharded
 from ddpkit.startup import describe_training, setup_record
+from ddpkit.stepmonitor import StepMonitor
 from ddpkit.strategy import unwrap_model
 from ddpkit.validate import check_choice, check_positive_int
 
@@ -66,7 +67,11 @@ class Trainer:
     ``"fp32"``, ``"bf16"`` (autocast, CPU or GPU) or ``"fp16"`` (autocast + loss scaling,
     GPU). ``scheduler`` is stepped after every optimizer step (``scheduler_interval="step"``)
     or every epoch (``"epoch"``). Checkpoints hold the unwrapped model (no ``module.``
-    prefix), optimizer, scheduler, grad scaler, epoch and metrics.
+    prefix), optimizer, scheduler, grad scaler, epoch, step and metrics.
+    ``check_replicas_every=M`` compares the DDP replicas across ranks every M optimizer
+    steps and stops with :class:`~ddpkit.errors.ReplicaDivergenceError`, naming the ranks
+    and tensors that differ (see :mod:`ddpkit.replicas`). Each batch is watched by the hang
+    watchdog (``ddpkit.init(hang_timeout=...)``).
 
     Example:
         >>> import torch, torch.nn.functional as F, ddpkit
@@ -92,8 +97,11 @@ class Trainer:
         precision: str = "fp32",
         scheduler: Any = None,
         scheduler_interval: str = "step",
+        check_replicas_every: int | None = None,
     ) -> None:
         _check_options(checkpoint_dir, save_every, accumulate, clip_grad_norm)
+        if check_replicas_every is not None:
+            check_positive_int("check_replicas_every", check_replicas_every)
         check_choice("scheduler_interval", scheduler_interval, ("step", "epoch"))
         self.world = current_world()
         self.model = model
@@ -107,8 +115,10 @@ class Trainer:
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.epoch = 0  # completed epochs
+        self.step = 0  # completed optimizer steps
         self.history: list[dict[str, float]] = []
         self._announced = False
+        self._monitor = StepMonitor(model, check_replicas_every)
 
     def fit(
         self, train: Iterable[Any], epochs: int, val: Iterable[Any] | None = None
@@ -124,6 +134,7 @@ class Trainer:
         check_positive_int("epochs", epochs)
         self._resume()
         self._announce(train)
+        self._monitor.fit_started(self, train)
         if self.epoch >= epochs:
             print0(f"ddpkit: already trained {self.epoch} of {epochs} epochs; nothing to do")
         for epoch in range(self.epoch, epochs):
@@ -135,6 +146,7 @@ class Trainer:
             print0(format_epoch(metrics, epochs))
             report("epoch", **metrics)
             self._maybe_save(epochs)
+        self._monitor.fit_finished(self, self.step)
         return self.history
 
     @torch.no_grad()
@@ -151,17 +163,21 @@ class Trainer:
         self.model.eval()
         sums = MetricSums(self.world.device)
         remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
-        for batch in loader:
-            inputs, targets = self._to_device(batch)
-            if remaining is not None:
-                keep = max(0, min(len(targets), remaining))
-                remaining -= keep
-            with self.precision.autocast():
-                outputs = self.model(inputs)  # every rank runs every batch: FSDP gathers here
+        try:
+            for batch in self._monitor.batches(loader, evaluation=True):
+                inputs, targets = self._to_device(batch)
                 if remaining is not None:
-                    outputs, targets = outputs[:keep], targets[:keep]
-                if len(targets):
-                    sums.add(self.loss_fn(outputs, targets), outputs, targets)
+                    keep = max(0, min(len(targets), remaining))
+                    remaining -= keep
+                self._monitor.phase("forward", evaluation=True)
+                with self.precision.autocast():
+                    outputs = self.model(inputs)  # every rank runs every batch: FSDP gathers
+                    if remaining is not None:
+                        outputs, targets = outputs[:keep], targets[:keep]
+                    if len(targets):
+                        sums.add(self.loss_fn(outputs, targets), outputs, targets)
+        finally:
+            self._monitor.batch_done()
         return sums.reduce()
 
     def state_dict(self) -> dict[str, Any]:
@@ -197,6 +213,7 @@ class Trainer:
         return {
             "format": CHECKPOINT_FORMAT,
             "epoch": self.epoch,
+            "step": self.step,
             "history": list(self.history),
             "world_size": self.world.world_size,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -205,6 +222,7 @@ class Trainer:
 
     def _load_loop_state(self, state: dict[str, Any]) -> None:
         self.epoch = int(state["epoch"])
+        self.step = int(state.get("step", 0))
         self.history = list(state.get("history", []))
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
@@ -212,13 +230,15 @@ class Trainer:
 
     def _train_epoch(self, loader: Iterable[Any], epoch: int, epochs: int) -> dict[str, float]:
         set_epoch(loader, epoch)  # type: ignore[arg-type]
+        self._monitor.epoch_started(loader)
         self.model.train()
         sums = MetricSums(self.world.device)
         start = time.perf_counter()
         total = len(loader) if isinstance(loader, Sized) else None
         self.optimizer.zero_grad(set_to_none=True)
-        with self._join_if_uneven(total):
-            for index, batch in enumerate(_progress(loader, f"epoch {epoch + 1}/{epochs}")):
+        batches = self._monitor.batches(_progress(loader, f"epoch {epoch + 1}/{epochs}"))
+        with self._join_if_uneven(total), _ending(self._monitor.batch_done):
+            for index, batch in enumerate(batches):
                 final = (index + 1) % self.accumulate == 0 or index + 1 == total
                 outputs, targets, loss = self._micro_step(batch, index, total, final)
                 if final:
@@ -233,10 +253,12 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward and backward of one batch; returns detached outputs, targets, loss."""
         inputs, targets = self._to_device(batch)
+        self._monitor.phase("forward")
         with self._gradient_sync(final):
             with self.precision.autocast():
                 outputs = self.model(inputs)
                 loss = self.loss_fn(outputs, targets)
+            self._monitor.phase("backward" + (" + gradient all-reduce" if final else " (no sync)"))
             self.precision.backward(loss / _group_size(index, total, self.accumulate))
         return outputs.detach(), targets, loss.detach()
 
@@ -251,6 +273,7 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _optimizer_step(self) -> None:
+        self._monitor.phase("optimizer step")
         if self.clip_grad_norm is not None:
             self.precision.unscale(self.optimizer)  # clip the true gradients, not scaled ones
             # After DDP's all-reduce every rank holds the same averaged gradients, so the
@@ -261,6 +284,9 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
+        self.step += 1
+        self._monitor.next_step(self.step + 1)
+        self._monitor.step_done(self, self.step)
 
     def _join_if_uneven(self, total: int | None) -> contextlib.AbstractContextManager[Any]:
         """torch's Join when ranks hold different numbers of batches (or cannot tell)."""
@@ -338,6 +364,14 @@ def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
     # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs, pipes).
     bar: Iterable[Any] = tqdm(loader, desc=desc, leave=False, disable=None if is_main() else True)
     return bar
+
+
+@contextlib.contextmanager
+def _ending(callback: Callable[[], None]) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        callback()
 
 
 def _group_size(index: int, total: int | None, accumulate: int) -> int:

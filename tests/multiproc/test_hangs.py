@@ -31,6 +31,18 @@ def test_a_rank_that_never_reaches_a_collective_is_named_and_the_job_exits() -> 
     assert processes_running(str(script)) == []
 
 
+def test_a_rank_stuck_inside_a_training_step_is_named_with_its_phase() -> None:
+    script = SCRIPTS / "hang_in_step.py"
+    done = ddpkit_cli("run", "--nproc", "2", "--hang-timeout", str(HANG_TIMEOUT_S), str(script))
+    assert done.returncode == 124, done.stderr
+    verdict = done.stderr.split("ddpkit run: worker rank")[-1]
+    assert re.search(r"rank 0 waited \d+ s in step 3: backward \+ gradient all-reduce", verdict)
+    assert "rank 1 has not reached it" in verdict
+    assert "rank 1: step 3: forward" in verdict
+    assert "loss_that_stalls_on_rank_1" in verdict
+    assert processes_running(str(script)) == []
+
+
 def test_debug_collectives_names_the_ranks_and_shapes_that_disagree() -> None:
     script = SCRIPTS / "mismatched_collective.py"
     done = ddpkit_cli("run", "--nproc", "2", "--debug-collectives", str(script))

@@ -69,11 +69,11 @@ def test_global_batch_policy_equals_one_process_with_that_batch() -> None:
     distributed = ddpkit.spawn(workers.sgd_with_policy, 2, 64, "global")
     single = workers.sgd_with_policy(64, "global")
     assert max_abs_diff(distributed[0]["state"], single["state"]) <= 1e-6
-    assert distributed[0]["plan"] == ddpkit.BatchPlan(32, 64, 64, 0.1, "global")  # linear rule: x1
+    assert distributed[0]["plan"] == ddpkit.BatchPlan(32, 64, 64, 0.1, "global", "linear")  # x1
     line = distributed[0]["startup"]
     assert "global batch 64 = 32 per device x 2 ranks (batch_policy=global); lr 0.1" in line
     per_device = ddpkit.spawn(workers.sgd_with_policy, 2, 64, "per_device")[0]
-    assert per_device["plan"] == ddpkit.BatchPlan(64, 128, 64, 0.2, "per_device")  # linear rule: x2
+    assert per_device["plan"] == ddpkit.BatchPlan(64, 128, 64, 0.2, "per_device", "linear")  # x2
 
 
 def test_augmentation_streams_differ_per_rank_and_repeat_per_seed() -> None:
