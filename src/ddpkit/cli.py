@@ -18,6 +18,7 @@ from typing import Any
 from ddpkit import __version__
 from ddpkit.bench import BenchConfig, run_bench
 from ddpkit.benchreport import markdown_table, write_charts, write_results
+from ddpkit.doctor import add_doctor_command, run_doctor
 from ddpkit.errors import DdpkitError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_slurm_command(commands)
     _add_bench_command(commands)
+    add_doctor_command(commands)
     add_verify_command(commands)
     return parser
 
@@ -272,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "bench":
         return _bench(args)
+    if args.command == "doctor":
+        return run_doctor(args)
     if args.command == "verify":
         return run_verify_command(args)
     if args.command == "slurm":
