@@ -9,19 +9,11 @@ import pytest
 import torch.distributed as dist
 
 import ddpkit
+from ddpkit.envinfo import LAUNCHER_VARS  # torchrun's contract: must not leak into a test
 
 # Scripts run under `ddpkit run` only; importing them (doctest collection) would start them.
 collect_ignore = ["scripts"]
 
-LAUNCHER_VARS = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
 
 # pytest and torch's compiler caches set these themselves; they are not ours to police.
 _OWNED_ELSEWHERE = ("PYTEST_", "TORCHINDUCTOR_", "TRITON_")

@@ -1,4 +1,5 @@
-"""The ``ddpkit`` command: ``run`` launches, ``bench`` measures scaling, ``slurm`` writes sbatch.
+"""The ``ddpkit`` command: ``run`` launches, ``bench`` measures scaling, ``verify`` proves N
+workers equal one process, ``doctor`` checks the environment, ``slurm`` writes sbatch.
 
 Mistakes in the command line end in one line naming what was wrong and how to fix it (exit
 code 2); a failed worker ends the launcher with that worker's exit code.

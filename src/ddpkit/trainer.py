@@ -163,7 +163,7 @@ class Trainer:
         self.model.eval()
         sums = MetricSums(self.world.device)
         remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
-        try:
+        with _ending(self._monitor.batch_done):
             for batch in self._monitor.batches(loader, evaluation=True):
                 inputs, targets = self._to_device(batch)
                 if remaining is not None:
@@ -176,8 +176,6 @@ class Trainer:
                         outputs, targets = outputs[:keep], targets[:keep]
                     if len(targets):
                         sums.add(self.loss_fn(outputs, targets), outputs, targets)
-        finally:
-            self._monitor.batch_done()
         return sums.reduce()
 
     def state_dict(self) -> dict[str, Any]:
@@ -258,7 +256,7 @@ class Trainer:
             with self.precision.autocast():
                 outputs = self.model(inputs)
                 loss = self.loss_fn(outputs, targets)
-            self._monitor.phase("backward" + (" + gradient all-reduce" if final else " (no sync)"))
+            self._monitor.phase(_backward_label(final, self.world.world_size))
             self.precision.backward(loss / _group_size(index, total, self.accumulate))
         return outputs.detach(), targets, loss.detach()
 
@@ -368,10 +366,17 @@ def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
 
 @contextlib.contextmanager
 def _ending(callback: Callable[[], None]) -> Iterator[None]:
+    # A batch generator left by an exception is not finalized at once: end its activity here.
     try:
         yield
     finally:
         callback()
+
+
+def _backward_label(final: bool, world_size: int) -> str:
+    if world_size == 1:
+        return "backward"
+    return "backward + gradient all-reduce" if final else "backward (no sync)"
 
 
 def _group_size(index: int, total: int | None, accumulate: int) -> int:
