@@ -184,7 +184,8 @@ def variants(workload: str) -> dict[str, Any]:
 def measure(workload: str, args: argparse.Namespace) -> dict[str, float]:
     cfg = {"workload": workload, "workers": args.workers, "threads": args.threads,
            "batch": args.batch, "samples": args.samples, "epochs": args.epochs}  # fmt: skip
-    runs: dict[str, list[float]] = {name: [] for name in variants(workload)}
+    chosen = [n for n in variants(workload) if not args.variants or n in args.variants]
+    runs: dict[str, list[float]] = {name: [] for name in chosen}
     for repeat in range(args.repeat):
         names = list(runs) if repeat % 2 == 0 else list(runs)[::-1]  # alternate the order
         for name in names:
@@ -193,16 +194,14 @@ def measure(workload: str, args: argparse.Namespace) -> dict[str, float]:
 
 
 def report(workload: str, steps: dict[str, float], workers: int) -> list[str]:
-    single = steps["single"]
+    single, raw = steps.get("single"), steps.get("raw")
     lines = []
     for name, seconds in steps.items():
-        speedup = single / seconds * (1 if name == "single" else workers)
-        vs_raw = (
-            f"{seconds / steps['raw']:.3f}" if name not in ("single", "independent", "raw") else "-"
-        )
-        lines.append(
-            f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {speedup:.2f}x |"
-        )
+        factor = 1 if name == "single" else workers
+        speedup = f"{single / seconds * factor:.2f}x" if single else "-"
+        own = name in ("single", "independent", "raw")
+        vs_raw = f"{seconds / raw:.3f}" if raw and not own else "-"
+        lines.append(f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {speedup} |")
     return lines
 
 
@@ -214,6 +213,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per run")
     parser.add_argument("--repeat", type=int, default=5, help="runs per variant (median)")
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=None,
+        help="comma-separated variant names to run (default: all), e.g. raw,ddpkit",
+    )
     parser.add_argument("--workloads", default="cnn,mlp")
     parser.add_argument("--tiny", action="store_true", help="smoke-test sizes")
     args = parser.parse_args()

@@ -36,3 +36,10 @@ def test_strategies_benchmark_reports_every_strategy() -> None:
         "benchmarks/strategies.py", "--width", "64", "--steps", "2", "--rounds", "1"
     )
     assert "| ddp |" in out and "| fsdp |" in out and "| ddp + bf16 hook |" in out
+
+
+@pytest.mark.timeout(320)
+def test_watchdog_overhead_benchmark_reports_a_ratio() -> None:
+    out = run_benchmark("benchmarks/watchdog_overhead.py", "--rounds", "1", "--batch", "512")
+    ratio = float(out.strip().splitlines()[-1].rsplit("ratio ", 1)[1])
+    assert ratio > 0
