@@ -136,6 +136,8 @@ def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
         return [tensor]
     local = _as_tensor(tensor)
     counts = all_gather_rows_count(local.shape[0])
+    if max(counts) == 0:  # nothing anywhere: no empty tensors for the backend to move
+        return [tensor for _ in counts]
     padded = torch.zeros((max(counts), *local.shape[1:]), dtype=local.dtype, device=local.device)
     padded[: local.shape[0]] = local
     gathered = [torch.empty_like(padded) for _ in counts]

@@ -37,7 +37,7 @@ def sampler_coverage(loader: Any) -> dict[str, Any]:
     sampler = getattr(loader, "sampler", None)
     dataset_size = len(loader.dataset)
     kind = type(sampler).__name__
-    if not _deterministic(sampler):
+    if not listable(sampler):
         return _by_length(kind, all_gather_rows_count(len(loader)), loader, dataset_size)
     mine = torch.tensor(list(sampler), dtype=torch.int64)  # type: ignore[arg-type]
     lists = [rows.tolist() for rows in all_gather_rows(mine)]
@@ -116,8 +116,15 @@ def _per_rank(per_rank: list[int]) -> str:
     return f"{per_rank[0]} per rank" if len(set(per_rank)) == 1 else f"{per_rank} per rank"
 
 
-def _deterministic(sampler: object) -> bool:
-    # These samplers yield the same order however often they are iterated within an epoch.
+def listable(sampler: object) -> bool:
+    """True for samplers that yield the same order however often they are iterated.
+
+    Listing any other sampler would draw from the random stream the training uses.
+
+    Example:
+        >>> listable(torch.utils.data.RandomSampler(range(3)))
+        False
+    """
     return isinstance(sampler, (DistributedSampler, SequentialSampler)) or bool(
         getattr(sampler, "deterministic", False)
     )

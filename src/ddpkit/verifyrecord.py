@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from ddpkit.collectives import all_gather_rows, is_main
-from ddpkit.coverage import sampler_coverage
+from ddpkit.coverage import listable, sampler_coverage
 from ddpkit.data import batch_size_of, reference_world_size
 from ddpkit.fsdp import is_sharded
 from ddpkit.rendezvous import current_world
@@ -97,8 +97,7 @@ class Recorder:
         if self.coverage is None:
             self.coverage = sampler_coverage(loader)
         sampler = getattr(loader, "sampler", None)
-        deterministic = self.coverage.get("verdict") != "unknown" and sampler is not None
-        self._epoch_order = list(sampler) if deterministic else []  # type: ignore[arg-type]
+        self._epoch_order = list(sampler) if listable(sampler) else []  # type: ignore[arg-type]
         self._position = 0
 
     def batch_seen(self, batch: Any) -> None:

@@ -171,3 +171,20 @@ def test_an_unsharded_sampler_is_a_cause() -> None:
     run = record(coverage=count_coverage([[0, 1], [0, 1]], dataset_size=2))
     causes = likely_causes(run, record(world_size=1), [], None)
     assert any(c.startswith("the sampler does not split the data") for c in causes)
+
+
+def test_recording_a_random_sampler_leaves_the_training_random_stream_alone(tmp_path) -> None:
+    from torch.utils.data import DataLoader
+
+    from ddpkit.verifyrecord import Recorder
+
+    ddpkit.init()
+    loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2, shuffle=True)
+    torch.manual_seed(5)
+    expected = torch.rand(1)
+    torch.manual_seed(5)
+    recorder = Recorder(tmp_path)
+    # What 2 ranks that each iterate the whole dataset are judged to be: not sharded.
+    recorder.coverage = {"sampler": "RandomSampler", "verdict": "bad", "text": "not sharded"}
+    recorder.epoch_started(loader)  # RandomSampler draws its seed from torch's global stream
+    assert torch.equal(torch.rand(1), expected)
