@@ -31,6 +31,8 @@ from ddpkit.launch import check_script
 from ddpkit.stepmonitor import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
 from ddpkit.verifyrecord import PARAMS_FILE, RECORD_FILE, VERIFY_DIR_ENV
 from ddpkit.verifyreport import (
+    Finding,
+    TensorDiff,
     compare_states,
     default_tolerances,
     explained,
@@ -153,8 +155,8 @@ def _tolerances(config: VerifyConfig, precision: str) -> tuple[float, float]:
 def _report(
     config: VerifyConfig,
     run: RunResult,
-    checks: list[Any],
-    final: list[Any],
+    checks: list[Finding],
+    final: list[TensorDiff],
     causes: list[str],
     passed: bool,
 ) -> str:

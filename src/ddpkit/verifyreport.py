@@ -137,14 +137,19 @@ def _start_finding(initial: list[TensorDiff]) -> Finding:
     return Finding("start", False, f"{len(bad)} tensors differ before the first step: {shown}")
 
 
-def _data_finding(run: Record, ref: Record) -> Finding:
+def _sample_differences(run: Record, ref: Record) -> tuple[list[str], list[str]]:
+    """Dataset indices both runs fingerprinted, and those whose fingerprints differ."""
     mine, theirs = run.get("samples", {}), ref.get("samples", {})
     common = [index for index in mine if index in theirs]
-    differ = sum(mine[index] != theirs[index] for index in common)
+    return common, [index for index in common if mine[index] != theirs[index]]
+
+
+def _data_finding(run: Record, ref: Record) -> Finding:
+    common, differ = _sample_differences(run, ref)
     if not common:
         return Finding("data", True, "not compared (the sampler's order is not reproducible)")
     if differ:
-        return Finding("data", False, f"{differ} of {len(common)} samples differ by index")
+        return Finding("data", False, f"{len(differ)} of {len(common)} samples differ by index")
     return Finding("data", True, f"{len(common)} samples trained on, identical in both runs")
 
 
@@ -288,9 +293,7 @@ def _other_batch(run: Record, ref: Record) -> str | None:
 
 
 def _data_differs(run: Record, ref: Record) -> str | None:
-    mine, theirs = run.get("samples", {}), ref.get("samples", {})
-    common = [index for index in mine if index in theirs]
-    differ = [index for index in common if mine[index] != theirs[index]]
+    common, differ = _sample_differences(run, ref)
     if not differ:
         return None
     shown = ", ".join(differ[:5])
