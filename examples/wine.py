@@ -8,6 +8,8 @@ StandardScaler fitted on the train split, an MLP 13 -> 64 -> 3, Adam (lr 1e-3), 
     ddpkit run --nproc 2 examples/wine.py --epochs 100      # two workers, DDP over gloo
     ddpkit run --nproc 2 examples/wine.py --strategy fsdp --precision bf16
     ddpkit run --nproc 2 examples/wine.py --batch-policy global --batch-size 64
+    ddpkit run --nproc 2 --max-restarts 3 examples/wine.py --checkpoint-dir runs/wine \
+        --save-every-steps 50                                # survives a worker's crash
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--comm-hook", choices=["fp16", "bf16", "powersgd"], default=None)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N epochs")
+    parser.add_argument(
+        "--save-every-steps", type=int, default=None, help="checkpoint every N optimizer steps"
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
@@ -88,6 +93,7 @@ def main() -> None:
         loss_fn=F.cross_entropy,
         checkpoint_dir=args.checkpoint_dir,
         save_every=args.save_every,
+        save_every_steps=args.save_every_steps,
         accumulate=args.accumulate,
         precision=args.precision,
     )

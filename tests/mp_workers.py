@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ddpkit
-import ddpkit.trainer
+import ddpkit.resume
 
 
 def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
@@ -72,13 +72,13 @@ def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[st
     """Adam on the toy task with checkpoints; records which epochs this rank saved."""
     ddpkit.init(timeout=60)
     saved: list[int] = []
-    real_save = ddpkit.trainer.save_checkpoint
+    real_save = ddpkit.resume.save_checkpoint
 
-    def recording_save(state, where, epoch):  # observe the Trainer's writes on this rank
+    def recording_save(state, where, epoch, step=None):  # observe this rank's writes
         saved.append(epoch)
-        return real_save(state, where, epoch)
+        return real_save(state, where, epoch, step)
 
-    ddpkit.trainer.save_checkpoint = recording_save  # type: ignore[assignment]
+    ddpkit.resume.save_checkpoint = recording_save  # type: ignore[assignment]
     model = ddpkit.prepare_model(toy_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every)
@@ -203,3 +203,20 @@ def train_with_replica_checks(check_every: int, perturb_step: int) -> int:
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, check_replicas_every=check_every)
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=1)
     return trainer.step
+
+
+def nan_loss_on_rank(bad_rank: int, policy: str) -> dict[str, object]:
+    """Rank ``bad_rank``'s loss is NaN at its 3rd batch; the others' stays finite."""
+    world = ddpkit.init(timeout=60)
+    calls = {"n": 0}
+
+    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        value = F.cross_entropy(outputs, targets)
+        return value * float("nan") if calls["n"] == 3 and world.rank == bad_rank else value
+
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = ddpkit.Trainer(model, optimizer, loss, nonfinite_loss=policy)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=1)
+    return {"state": cpu_state(model), "skipped": trainer.skipped_steps, "steps": trainer.step}

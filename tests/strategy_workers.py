@@ -36,16 +36,30 @@ def train_toy(
     folder: str | None = None,
     save_every: int | None = None,
     seed_per_rank: bool = False,
+    save_every_steps: int | None = None,
+    crash_at: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Adam + clipping on the toy task under ``strategy``; the final whole parameters."""
+    """Adam + clipping on the toy task under ``strategy``; the final whole parameters.
+
+    ``crash_at=S`` raises before optimizer step S (a crash to resume from)."""
     world = ddpkit.init(timeout=60)
     model = toy_model(seed=world.rank if seed_per_rank else 0)
     units = (nn.Linear,) if strategy == "fsdp" else ()
     model = ddpkit.prepare_model(model, strategy, fsdp_units=units)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(
-        model, optimizer, F.cross_entropy, folder, save_every, clip_grad_norm=clip
-    )
+        model, optimizer, F.cross_entropy, folder, save_every, clip_grad_norm=clip,
+        save_every_steps=save_every_steps,
+    )  # fmt: skip
+    if crash_at is not None:
+        real_update = trainer._update_weights
+
+        def update_unless_crashing() -> None:
+            if trainer.step + 1 == crash_at:
+                raise RuntimeError(f"crash before step {crash_at}")
+            real_update()
+
+        trainer._update_weights = update_unless_crashing  # type: ignore[method-assign]
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=per_device), epochs=epochs)
     return full_state(model)
 

@@ -20,7 +20,7 @@ from ddpkit import __version__
 from ddpkit.bench import BenchConfig, run_bench
 from ddpkit.benchreport import markdown_table, write_charts, write_results
 from ddpkit.doctor import add_doctor_command, run_doctor
-from ddpkit.errors import DdpkitError, WorkerFailedError
+from ddpkit.errors import DdpkitError, PreemptedError, StoppedBySignalError, WorkerFailedError
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
 from ddpkit.slurm import SbatchOptions, sbatch_script
@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="K",
-        help="restart the whole worker group up to K times after a failure",
+        help="restart the whole worker group up to K times after a failure; with a "
+        "checkpoint_dir the workers resume from the newest checkpoint",
     )
     _add_diagnostic_options(run)
     nodes = run.add_argument_group("several nodes (run the same command on each)")
@@ -261,6 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_bench(argv) if argv[:1] == ["bench"] else build_parser().parse_args(argv)
     try:
         return _run(args)
+    except PreemptedError as err:
+        print(f"ddpkit {args.command}: workers {err} (exit code {err.exitcode})", file=sys.stderr)
+        return err.exitcode
+    except StoppedBySignalError as err:
+        print(f"ddpkit {args.command}: {err}", file=sys.stderr)
+        return err.exitcode
     except WorkerFailedError as err:
         print(f"ddpkit {args.command}: {err}", file=sys.stderr)
         return _exit_code(err.exitcode)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Iterator, Mapping
@@ -75,7 +76,7 @@ def prepare_loader(
     _check_arguments(dataset, uneven, loader_kwargs)
     seed = seed if seed is not None else (configured_seed() or 0)
     shards = reference_world_size() or 1  # > 1 only in `ddpkit verify`'s reference run
-    sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else DistributedSampler)(
+    sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else ResumableDistributedSampler)(
         dataset,
         num_replicas=shards if shards > 1 else world.world_size,
         rank=world.rank,
@@ -91,6 +92,40 @@ def prepare_loader(
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, **loader_kwargs)
     loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
     return loader
+
+
+class ResumableDistributedSampler(DistributedSampler[Any]):
+    """torch's ``DistributedSampler`` whose epoch can begin part-way through (resume).
+
+    :meth:`start_at` skips the first samples of this rank's shard for the current epoch
+    only; ``set_epoch`` starts the next epoch from its beginning. The order, the shards and
+    ``len()`` (the whole epoch) are exactly DistributedSampler's, so a run resumed mid-epoch
+    reads the samples the interrupted run had not read yet, and nothing else.
+
+    Example:
+        >>> data = torch.utils.data.TensorDataset(torch.arange(6))
+        >>> sampler = ResumableDistributedSampler(data, num_replicas=2, rank=0, shuffle=False)
+        >>> sampler.start_at(1); list(sampler), len(sampler)
+        ([2, 4], 3)
+        >>> sampler.set_epoch(1); list(sampler)
+        [0, 2, 4]
+    """
+
+    def __init__(self, dataset: Dataset[Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(dataset, *args, **kwargs)
+        self.start = 0
+
+    def start_at(self, samples: int) -> None:
+        """Skip this rank's first ``samples`` samples of the current epoch."""
+        self.start = samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Begin ``epoch`` from its first sample, reshuffled as DistributedSampler does."""
+        super().set_epoch(epoch)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(super().__iter__(), self.start, None)
 
 
 class GlobalOrderSampler(Sampler[int]):

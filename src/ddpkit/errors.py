@@ -113,3 +113,54 @@ class ReplicaDivergenceError(DdpkitError, RuntimeError):
         more = f" and {len(tensors) - 8} more" if len(tensors) > 8 else ""
         shown = ", ".join(tensors[:8]) + more
         super().__init__(f"replicas diverged at step {step}: {who} from rank 0 in {shown}{detail}")
+
+
+class NonFiniteLossError(DdpkitError, FloatingPointError):
+    """A rank's loss was NaN or infinite; names the step and the ranks.
+
+    Raised before that step's optimizer update, so no weights were changed by it.
+
+    Example:
+        >>> err = NonFiniteLossError(step=12, epoch=2, ranks={1: "nan"})
+        >>> err.step, err.ranks
+        (12, {1: 'nan'})
+    """
+
+    def __init__(self, step: int, epoch: int, ranks: dict[int, str]) -> None:
+        self.step = step
+        self.epoch = epoch
+        self.ranks = ranks
+        where = ", ".join(f"{value} on rank {rank}" for rank, value in sorted(ranks.items()))
+        super().__init__(
+            f"loss is {where} at step {step} (epoch {epoch}); stopped before that step's "
+            "optimizer update. Lower the learning rate, check the data for NaN/inf, or pass "
+            "nonfinite_loss='skip' to the Trainer to skip such steps"
+        )
+
+
+class PreemptedError(DdpkitError):
+    """The workers were asked to stop (SIGTERM / SIGUSR1), saved a checkpoint and exited.
+
+    ``exitcode`` is :data:`ddpkit.preemption.PREEMPTED_EXIT_CODE` (75); running the same
+    command again resumes from the checkpoint.
+
+    Example:
+        >>> PreemptedError("stopped by SIGTERM at epoch 5, step 412").exitcode
+        75
+    """
+
+    exitcode = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, try again
+
+
+class StoppedBySignalError(DdpkitError):
+    """The launcher itself got a signal (Ctrl-C, SIGTERM) and stopped its workers.
+
+    Example:
+        >>> StoppedBySignalError("SIGINT", 2).exitcode
+        130
+    """
+
+    def __init__(self, signal_name: str, signum: int) -> None:
+        self.signal_name = signal_name
+        self.exitcode = 128 + signum  # how a shell reports a process ended by that signal
+        super().__init__(f"got {signal_name}; all workers were stopped")

@@ -121,6 +121,17 @@ def _message_text(message: Any) -> str:
     return "" if "pytorch.org" in str(message) else str(message)
 
 
+def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
+    """What each worker of the newest attempt recorded in its error file, by local rank.
+
+    Example:
+        >>> error_file_texts("/nonexistent")
+        []
+    """
+    found = _read_error_files(Path(log_dir))
+    return [found[rank][0] for rank in sorted(found)]
+
+
 def _read_error_files(log_dir: Path) -> dict[int, tuple[str, int]]:
     """``{local_rank: (text, timestamp)}`` from the newest restart attempt's error files."""
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))

@@ -1,10 +1,12 @@
 """Starting worker processes, through torch's elastic launcher.
 
 ``run_script`` (behind ``ddpkit run``) and ``spawn`` (in Python) both build a torch
-``LaunchConfig`` and hand it to ``elastic_launch``: torch's agent creates, watches and stops
-the workers and publishes torchrun's environment contract to them. ddpkit chooses the
-rendezvous (see ``ddpkit.plan``), sensible per-worker thread counts, and turns failures into
-short, typed errors.
+``LaunchConfig`` and hand it to ``elastic_launch``: torch's agent creates, watches, restarts
+and stops the workers and publishes torchrun's environment contract to them. ddpkit chooses
+the rendezvous (see ``ddpkit.plan``), sensible per-worker thread counts, ties each worker to
+the launcher's life (:mod:`ddpkit.lifeline`), has torch's agent pass SIGUSR1 on to the workers
+as it does SIGTERM (SLURM's warning before a time limit), and turns failures, preemptions and
+signals into short, typed errors.
 
 Example:
     >>> import ddpkit
@@ -19,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import signal
 import socket
 import sys
 import tempfile
@@ -26,12 +29,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
-from ddpkit.errors import ConfigError
-from ddpkit.failures import root_cause
+from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
+from ddpkit.failures import error_file_texts, root_cause
+from ddpkit.lifeline import LAUNCHER_PID_ENV, Tied
 from ddpkit.plan import LaunchPlan, run_id, to_launch_config
+from ddpkit.preemption import PREEMPTED_EXIT_CODE, preemption_message
 
 
 def spawn(
@@ -65,9 +71,9 @@ def spawn(
     _check_picklable(fn, args)
     with _launch_scope(worker_env_defaults(plan)) as log_dir:
         try:
-            results = elastic_launch(to_launch_config(plan, log_dir), fn)(*args)
-        except ChildFailedError as err:
-            raise root_cause(err, log_dir) from None
+            results = elastic_launch(to_launch_config(plan, log_dir), Tied(fn))(*args)
+        except (ChildFailedError, SignalException) as err:
+            raise launch_outcome(err, log_dir) from None
     first = node_rank * nprocs
     return [results[first + local] for local in range(nprocs)]
 
@@ -83,7 +89,8 @@ def run_script(
     Any torchrun-style script works unchanged: it sees RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, plus ``worker_env`` (settings the user
     asked for, which win over the environment). Raises :class:`WorkerFailedError` when a
-    worker fails.
+    worker fails, :class:`PreemptedError` when the workers checkpointed and stopped on
+    SIGTERM / SIGUSR1, and :class:`StoppedBySignalError` when the launcher was interrupted.
 
     Example:
         >>> run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])  # doctest: +SKIP
@@ -93,10 +100,29 @@ def run_script(
     _announce(plan, defaults)
     with _launch_scope({**defaults, **(worker_env or {})}) as log_dir:
         config = to_launch_config(plan, log_dir)
+        bootstrap = ("-u", "-m", "ddpkit.worker", str(path))
         try:
-            elastic_launch(config, sys.executable)("-u", str(path), *script_args)
-        except ChildFailedError as err:
-            raise root_cause(err, log_dir) from None
+            elastic_launch(config, sys.executable)(*bootstrap, *script_args)
+        except (ChildFailedError, SignalException) as err:
+            raise launch_outcome(err, log_dir) from None
+
+
+def launch_outcome(err: ChildFailedError | SignalException, log_dir: str) -> DdpkitError:
+    """What ended a launch, as ddpkit's error: a preemption, a signal, or a failed worker.
+
+    Example:
+        >>> launch_outcome(SignalException("", signal.SIGINT), "/nonexistent").exitcode
+        130
+    """
+    if isinstance(err, SignalException):
+        stops = [m for text in error_file_texts(log_dir) if (m := preemption_message(text))]
+        signal_name = signal.Signals(err.sigval).name
+        return PreemptedError(stops[0]) if stops else StoppedBySignalError(signal_name, err.sigval)
+    cause = root_cause(err, log_dir)
+    message = preemption_message(cause.detail)
+    if cause.exitcode == PREEMPTED_EXIT_CODE and message:
+        return PreemptedError(message)
+    return cause
 
 
 def check_script(script: str) -> Path:
@@ -160,6 +186,7 @@ def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
     """
     saved = dict(os.environ)
     os.environ.update(env_values)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
     try:
         with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
             yield log_dir

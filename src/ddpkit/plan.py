@@ -26,6 +26,9 @@ from ddpkit.localrdzv import register_loopback_backend
 from ddpkit.world import SlurmNodes
 
 RDZV_TIMEOUT_S = 900  # how long nodes may take to join; torch's default
+# torch's agent catches these and stops its workers with the same signal; SIGUSR1 is added
+# so that SLURM's warning (--signal=USR1@S) reaches the workers instead of killing the agent.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,7 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
         local_addr=plan.local_addr,
         max_restarts=plan.max_restarts,
         monitor_interval=0.1,
+        signals_to_handle=FORWARDED_SIGNALS,
         start_method="spawn",
     )
 

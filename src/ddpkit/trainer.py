@@ -3,9 +3,12 @@
 The loop is the same for one process and for N: the sampler is told the epoch, metrics are
 summed over ranks as ``(loss * samples, samples, correct)`` so means are sample-weighted, the
 progress bar and log lines come from rank 0 only, and rank 0 alone writes checkpoints (under
-FSDP every rank writes its shards). A new ``fit`` resumes from the newest checkpoint in
-``checkpoint_dir`` by itself. When ranks have different numbers of batches, the loop runs
-under torch's ``Join`` so the ranks that finish first keep answering the others' all-reduces
+FSDP every rank writes its shards). A new ``fit`` resumes from the newest valid checkpoint in
+``checkpoint_dir`` by itself, part-way through an epoch included (see :mod:`ddpkit.resume`).
+Before each optimizer step the step guard (:mod:`ddpkit.guards`) lets every rank agree on
+non-finite losses and on stop requests (SIGTERM / SIGUSR1: checkpoint and exit 75, see
+:mod:`ddpkit.preemption`). When ranks have different numbers of batches, the loop runs under
+torch's ``Join`` so the ranks that finish first keep answering the others' all-reduces
 instead of leaving them to hang.
 
 Example:
@@ -26,52 +29,60 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from ddpkit.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from ddpkit.collectives import all_reduce_max, is_main, print0
+from ddpkit.collectives import is_main, print0
 from ddpkit.data import real_samples_on_rank, set_epoch
-from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.errors import CheckpointError, ConfigError, NonFiniteLossError
 from ddpkit.fsdp import is_sharded, no_gradient_sync
+from ddpkit.guards import StepGuard
 from ddpkit.metrics import MetricSums, format_epoch
 from ddpkit.precision import MixedPrecision
+from ddpkit.preemption import StopSignals
+from ddpkit.progress import EpochProgress
 from ddpkit.rendezvous import current_world
 from ddpkit.reporting import report
+from ddpkit.resume import Checkpointer
 from ddpkit.seeding import configured_seed, seed_rank_streams
-from ddpkit.sharded import load_sharded, save_sharded
 from ddpkit.startup import describe_training, setup_record
 from ddpkit.stepmonitor import StepMonitor
 from ddpkit.strategy import unwrap_model
+from ddpkit.uneven import join_unless, same_batch_count
 from ddpkit.validate import check_choice, check_positive_int
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-CHECKPOINT_FORMAT = "ddpkit.checkpoint/1"
+CHECKPOINT_FORMAT = "ddpkit.checkpoint/2"
 
 
 class Trainer:
     """Trains a prepared model; rank 0 logs and checkpoints; resumes automatically.
 
-    ``checkpoint_dir`` turns on checkpoints: one every ``save_every`` epochs and one at the
-    end of ``fit`` (only the end when ``save_every`` is None). ``accumulate=K`` sums the
-    gradients of K batches before each optimizer step, skipping the gradient all-reduce on
-    the first K-1 (DDP's ``no_sync``): the same step as one K-times larger batch.
-    ``clip_grad_norm`` clips by the global gradient norm before each step. ``precision`` is
-    ``"fp32"``, ``"bf16"`` (autocast, CPU or GPU) or ``"fp16"`` (autocast + loss scaling,
-    GPU). ``scheduler`` is stepped after every optimizer step (``scheduler_interval="step"``)
-    or every epoch (``"epoch"``). Checkpoints hold the unwrapped model (no ``module.``
-    prefix), optimizer, scheduler, grad scaler, epoch, step and metrics.
-    ``check_replicas_every=M`` compares the DDP replicas across ranks every M optimizer
-    steps and stops with :class:`~ddpkit.errors.ReplicaDivergenceError`, naming the ranks
-    and tensors that differ (see :mod:`ddpkit.replicas`). Each batch is watched by the hang
-    watchdog (``ddpkit.init(hang_timeout=...)``).
+    ``checkpoint_dir`` turns on checkpoints: one every ``save_every`` epochs and/or every
+    ``save_every_steps`` optimizer steps, and one at the end of ``fit``; only the newest
+    ``keep_last`` are kept (None: all). A checkpoint taken part-way through an epoch resumes
+    at the same batch with the same random state, so a job stopped and resumed ends with
+    the parameters of an uninterrupted one. With a ``checkpoint_dir``, SIGTERM or SIGUSR1
+    during ``fit`` checkpoints at the next step and exits with code 75 (see
+    :mod:`ddpkit.preemption`). ``nonfinite_loss="error"`` stops at a NaN/inf loss naming the
+    step and rank, before any weight changes; ``"skip"`` skips such steps on every rank.
+    ``accumulate=K`` sums the gradients of K batches before each optimizer step, skipping
+    the gradient all-reduce on the first K-1 (DDP's ``no_sync``): the same step as one
+    K-times larger batch. ``clip_grad_norm`` clips by the global gradient norm before each
+    step. ``precision`` is ``"fp32"``, ``"bf16"`` (autocast, CPU or GPU) or ``"fp16"``
+    (autocast + loss scaling, GPU). ``scheduler`` is stepped after every optimizer step
+    (``scheduler_interval="step"``) or every epoch (``"epoch"``). Checkpoints hold the
+    unwrapped model (no ``module.`` prefix), optimizer, scheduler, grad scaler, epoch, step,
+    metrics and every rank's random state. ``check_replicas_every=M`` compares the DDP
+    replicas across ranks every M optimizer steps and stops with
+    :class:`~ddpkit.errors.ReplicaDivergenceError`, naming the ranks and tensors that differ
+    (see :mod:`ddpkit.replicas`). Each batch is watched by the hang watchdog
+    (``ddpkit.init(hang_timeout=...)``).
 
     Example:
         >>> import torch, torch.nn.functional as F, ddpkit
@@ -92,32 +103,37 @@ class Trainer:
         checkpoint_dir: str | os.PathLike[str] | None = None,
         save_every: int | None = None,
         *,
+        save_every_steps: int | None = None,
+        keep_last: int | None = 3,
         accumulate: int = 1,
         clip_grad_norm: float | None = None,
         precision: str = "fp32",
         scheduler: Any = None,
         scheduler_interval: str = "step",
         check_replicas_every: int | None = None,
+        nonfinite_loss: str = "error",
     ) -> None:
-        _check_options(checkpoint_dir, save_every, accumulate, clip_grad_norm)
-        if check_replicas_every is not None:
-            check_positive_int("check_replicas_every", check_replicas_every)
-        check_choice("scheduler_interval", scheduler_interval, ("step", "epoch"))
+        checkpoints = Checkpointer.configured(
+            checkpoint_dir, save_every, save_every_steps, keep_last
+        )
+        _check_options(accumulate, clip_grad_norm, check_replicas_every, scheduler_interval)
         self.world = current_world()
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
-        self.checkpoint_dir = checkpoint_dir
-        self.save_every = save_every
+        self.checkpoints = checkpoints
         self.accumulate = accumulate
         self.clip_grad_norm = clip_grad_norm
         self.precision = MixedPrecision(precision, self.world.device, sharded=is_sharded(model))
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.epoch = 0  # completed epochs
-        self.step = 0  # completed optimizer steps
+        self.step = 0  # optimizer steps taken (skipped ones included)
+        self.skipped_steps = 0  # steps skipped for a non-finite loss
         self.history: list[dict[str, float]] = []
         self._announced = False
+        self._guard = StepGuard(nonfinite_loss)
+        self._signals: StopSignals | None = None
         self._monitor = StepMonitor(model, check_replicas_every)
 
     def fit(
@@ -132,22 +148,35 @@ class Trainer:
             >>> trainer.fit(train_loader, epochs=10, val=val_loader)  # doctest: +SKIP
         """
         check_positive_int("epochs", epochs)
-        self._resume()
-        self._announce(train)
+        resumed = self.checkpoints.resume(self, train) if self.checkpoints else None
+        self._announce(train)  # seeds the rank streams; a resumed epoch restores its own
         self._monitor.fit_started(self, train)
         if self.epoch >= epochs:
             print0(f"ddpkit: already trained {self.epoch} of {epochs} epochs; nothing to do")
-        for epoch in range(self.epoch, epochs):
-            metrics = {"epoch": float(epoch + 1), **self._train_epoch(train, epoch, epochs)}
-            if val is not None:
-                metrics.update({f"val_{k}": v for k, v in self.evaluate(val).items()})
-            self.history.append(metrics)
-            self.epoch = epoch + 1
-            print0(format_epoch(metrics, epochs))
-            report("epoch", **metrics)
-            self._maybe_save(epochs)
+        # Stop signals are only worth catching when there is somewhere to save to.
+        with StopSignals() if self.checkpoints else contextlib.nullcontext() as signals:
+            self._signals = signals
+            for epoch in range(self.epoch, epochs):
+                first = resumed is not None and resumed.epoch == epoch
+                progress = resumed if first and resumed else EpochProgress(epoch, train)
+                self._run_epoch(train, progress, epochs, val)
+            self._signals = None
         self._monitor.fit_finished(self, self.step)
         return self.history
+
+    def _run_epoch(
+        self, train: Iterable[Any], progress: EpochProgress, epochs: int, val: Any
+    ) -> None:
+        metrics = {"epoch": float(progress.epoch + 1), **self._train_epoch(train, progress, epochs)}
+        if val is not None:
+            metrics.update({f"val_{k}": v for k, v in self.evaluate(val).items()})
+        self.history.append(metrics)
+        self.epoch = progress.epoch + 1
+        print0(format_epoch(metrics, epochs))
+        report("epoch", **metrics)
+        if self.checkpoints is not None:
+            stop = self._guard.any_stop(self._stop_signal())
+            self.checkpoints.epoch_done(self, train, epochs, stop)
 
     @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
@@ -178,18 +207,29 @@ class Trainer:
                         sums.add(self.loss_fn(outputs, targets), outputs, targets)
         return sums.reduce()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """Everything needed to resume: model (unwrapped), optimizer, scheduler, epoch, metrics.
+
+        ``weights=False`` leaves out the model and optimizer (FSDP saves those as shards).
 
         Example:
             >>> sorted(trainer.state_dict())  # doctest: +SKIP
             ['epoch', 'format', 'grad_scaler', 'history', 'model', 'optimizer', ...]
         """
-        return {
-            **self._loop_state(),
-            "model": unwrap_model(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "epoch": self.epoch,
+            "step": self.step,
+            "skipped_steps": self.skipped_steps,
+            "history": list(self.history),
+            "world_size": self.world.world_size,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "grad_scaler": self.precision.state_dict(),
         }
+        if weights:
+            state["model"] = unwrap_model(self.model).state_dict()
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` output (for example a loaded checkpoint).
@@ -197,54 +237,46 @@ class Trainer:
         Example:
             >>> trainer.load_state_dict(ddpkit.checkpoint.load_checkpoint(path))  # doctest: +SKIP
         """
-        try:
-            unwrap_model(self.model).load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (KeyError, RuntimeError, ValueError) as err:
-            raise CheckpointError(
-                f"checkpoint does not match this model/optimizer: {str(err).strip()[:500]}"
-            ) from err
-        self._load_loop_state(state)
-
-    def _loop_state(self) -> dict[str, Any]:
-        """The state beside the model and optimizer: plain data, small, written by rank 0."""
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "epoch": self.epoch,
-            "step": self.step,
-            "history": list(self.history),
-            "world_size": self.world.world_size,
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "grad_scaler": self.precision.state_dict(),
-        }
-
-    def _load_loop_state(self, state: dict[str, Any]) -> None:
+        if "model" in state:
+            try:
+                unwrap_model(self.model).load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            except (KeyError, RuntimeError, ValueError) as err:
+                raise CheckpointError(
+                    f"checkpoint does not match this model/optimizer: {str(err).strip()[:500]}"
+                ) from err
         self.epoch = int(state["epoch"])
         self.step = int(state.get("step", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self.history = list(state.get("history", []))
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
         self.precision.load_state_dict(state.get("grad_scaler") or {})
 
-    def _train_epoch(self, loader: Iterable[Any], epoch: int, epochs: int) -> dict[str, float]:
-        set_epoch(loader, epoch)  # type: ignore[arg-type]
+    def _train_epoch(
+        self, loader: Iterable[Any], progress: EpochProgress, epochs: int
+    ) -> dict[str, float]:
+        set_epoch(loader, progress.epoch)  # type: ignore[arg-type]
         self._monitor.epoch_started(loader)
         self.model.train()
-        sums = MetricSums(self.world.device)
-        start = time.perf_counter()
         total = len(loader) if isinstance(loader, Sized) else None
         self.optimizer.zero_grad(set_to_none=True)
-        batches = self._monitor.batches(_progress(loader, f"epoch {epoch + 1}/{epochs}"))
-        with self._join_if_uneven(total), _ending(self._monitor.batch_done):
-            for index, batch in enumerate(batches):
+        bar = _progress(progress.batches_from(loader), total, progress.batches,
+                        f"epoch {progress.epoch + 1}/{epochs}")  # fmt: skip
+        even = same_batch_count(self.model, total, self._guard.policy)
+        with join_unless(even, self.model), _ending(self._monitor.batch_done):
+            for index, batch in enumerate(self._monitor.batches(bar), start=progress.batches):
                 final = (index + 1) % self.accumulate == 0 or index + 1 == total
                 outputs, targets, loss = self._micro_step(batch, index, total, final)
+                progress.sums.add(loss, outputs, targets)
                 if final:
-                    self._optimizer_step()
-                sums.add(loss, outputs, targets)
+                    stop = self._optimizer_step(collective=even)
+                    progress.batches = index + 1
+                    if self.checkpoints is not None:
+                        self.checkpoints.step_done(self, progress, stop)
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
-        return {**sums.reduce(), "time_s": time.perf_counter() - start}
+        return {**progress.sums.reduce(), "time_s": progress.elapsed_s}
 
     def _micro_step(
         self, batch: Any, index: int, total: int | None, final: bool
@@ -256,6 +288,7 @@ class Trainer:
             with self.precision.autocast():
                 outputs = self.model(inputs)
                 loss = self.loss_fn(outputs, targets)
+            self._guard.note_loss(loss)
             self._monitor.phase(_backward_label(final, self.world.world_size))
             self.precision.backward(loss / _group_size(index, total, self.accumulate))
         return outputs.detach(), targets, loss.detach()
@@ -270,8 +303,23 @@ class Trainer:
             return no_gradient_sync(self.model)
         return contextlib.nullcontext()
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self, collective: bool) -> str | None:
+        """The guard's verdict, then the update; returns the stop signal all ranks agreed on.
+
+        Without ``collective`` (uneven batches under Join) a stop waits for the epoch's end.
+        """
         self._monitor.phase("optimizer step")
+        verdict = self._guard.check(collective, self._stop_signal())
+        if verdict.nonfinite:
+            self._skip_nonfinite(verdict.nonfinite)
+        else:
+            self._update_weights()
+        self.step += 1
+        self._monitor.next_step(self.step + 1)
+        self._monitor.step_done(self, self.step)
+        return verdict.stop if collective else None
+
+    def _update_weights(self) -> None:
         if self.clip_grad_norm is not None:
             self.precision.unscale(self.optimizer)  # clip the true gradients, not scaled ones
             # After DDP's all-reduce every rank holds the same averaged gradients, so the
@@ -282,29 +330,19 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None and self.scheduler_interval == "step":
             self.scheduler.step()
-        self.step += 1
-        self._monitor.next_step(self.step + 1)
-        self._monitor.step_done(self, self.step)
 
-    def _join_if_uneven(self, total: int | None) -> contextlib.AbstractContextManager[Any]:
-        """torch's Join when ranks hold different numbers of batches (or cannot tell)."""
-        if self.world.world_size == 1:
-            return contextlib.nullcontext()
-        count = float(total if total is not None else -1)
-        # One collective for both ends: the max of -count is minus the min.
-        most, negated_fewest = all_reduce_max(torch.tensor([count, -count])).tolist()
-        fewest = -negated_fewest
-        if most == fewest and fewest >= 0:
-            return contextlib.nullcontext()
-        if is_sharded(self.model):
-            raise ConfigError(
-                f"FSDP needs the same number of batches on every rank, but ranks have between "
-                f"{fewest:.0f} and {most:.0f} (-1: no length); shard with ddpkit.prepare_loader"
-                " (uneven='pad' or 'drop'), or use strategy='ddp'"
-            )
-        if isinstance(self.model, DistributedDataParallel):
-            return Join([self.model])
-        return contextlib.nullcontext()  # no collectives inside the loop: nothing can hang
+    def _skip_nonfinite(self, ranks: dict[int, str]) -> None:
+        """Raise (the default), or drop this step's gradients on every rank."""
+        if self._guard.policy == "error":
+            raise NonFiniteLossError(step=self.step + 1, epoch=self.epoch + 1, ranks=ranks)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        where = ", ".join(f"{value} on rank {rank}" for rank, value in sorted(ranks.items()))
+        print0(f"ddpkit: skipped step {self.step + 1}: loss is {where} ({self.skipped_steps} "
+               "skipped so far)")  # fmt: skip
+
+    def _stop_signal(self) -> int:
+        return self._signals.signum if self._signals is not None else 0
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
@@ -325,42 +363,13 @@ class Trainer:
         if seed is not None:  # augmentation and dropout differ per rank, reproducibly
             seed_rank_streams(seed, self.world.rank)
 
-    def _resume(self) -> None:
-        if self.checkpoint_dir is None:
-            return
-        path = latest_checkpoint(self.checkpoint_dir)
-        if path is None:
-            return
-        if path.suffix == ".dcp":  # sharded: every rank reads its own shards
-            self._load_loop_state(load_sharded(self.model, self.optimizer, path))
-        elif is_sharded(self.model):
-            raise CheckpointError(
-                f"{path} is a whole-model checkpoint but this model is sharded (FSDP); resume "
-                "it with the strategy that wrote it, or start a new checkpoint_dir"
-            )
-        else:
-            self.load_state_dict(load_checkpoint(path, map_location=self.world.device))
-        print0(f"ddpkit: resumed from {path} (epoch {self.epoch})")
 
-    def _maybe_save(self, epochs: int) -> None:
-        if self.checkpoint_dir is None:
-            return
-        periodic = self.save_every is not None and self.epoch % self.save_every == 0
-        if not (periodic or self.epoch == epochs):
-            return
-        if is_sharded(self.model):  # a collective: each rank writes its own shards
-            path = save_sharded(
-                self.model, self.optimizer, self._loop_state(), self.checkpoint_dir, self.epoch
-            )
-            print0(f"ddpkit: saved {path}")
-        elif self.world.is_main:  # replicas are identical under DDP: one writer is enough
-            path = save_checkpoint(self.state_dict(), self.checkpoint_dir, self.epoch)
-            print(f"ddpkit: saved {path}", flush=True)
-
-
-def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
+def _progress(batches: Iterable[Any], total: int | None, done: int, desc: str) -> Iterable[Any]:
     # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs, pipes).
-    bar: Iterable[Any] = tqdm(loader, desc=desc, leave=False, disable=None if is_main() else True)
+    hidden = None if is_main() else True
+    bar: Iterable[Any] = tqdm(
+        batches, desc=desc, total=total, initial=done, leave=False, disable=hidden
+    )
     return bar
 
 
@@ -387,12 +396,11 @@ def _group_size(index: int, total: int | None, accumulate: int) -> int:
 
 
 def _check_options(
-    checkpoint_dir: object, save_every: int | None, accumulate: int, clip: float | None
+    accumulate: int, clip: float | None, check_replicas_every: int | None, interval: str
 ) -> None:
-    if save_every is not None:
-        check_positive_int("save_every", save_every)
-        if checkpoint_dir is None:
-            raise ConfigError("save_every needs a checkpoint_dir to save into")
     check_positive_int("accumulate", accumulate)
     if clip is not None and not clip > 0:
         raise ConfigError(f"clip_grad_norm must be > 0 (got {clip!r})")
+    if check_replicas_every is not None:
+        check_positive_int("check_replicas_every", check_replicas_every)
+    check_choice("scheduler_interval", interval, ("step", "epoch"))

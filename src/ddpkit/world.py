@@ -45,6 +45,8 @@ class Topology:
     launcher: str = "none"
     # torch elastic's agent hosts the store at MASTER_PORT; rank 0 must not start another.
     agent_store: bool = False
+    restart: int = 0  # how often torch's agent has restarted the workers (--max-restarts)
+    max_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,12 @@ class World(Topology):
             >>> World().describe()
             'world size 1 (1 process per node x 1 node), backend gloo, device cpu'
         """
+        restarted = f", restart {self.restart} of {self.max_restarts}" if self.restart else ""
         return (
             f"world size {self.world_size} ({self.local_world_size} process"
             f"{'es' if self.local_world_size > 1 else ''} per node x {self.num_nodes} node"
             f"{'s' if self.num_nodes > 1 else ''}), backend {self.backend}, device {self.device}"
+            + restarted
         )
 
     @classmethod
@@ -182,6 +186,8 @@ def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
         master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
         launcher="torchrun",
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        restart=_int_var(env, "TORCHELASTIC_RESTART_COUNT", default=0),
+        max_restarts=_int_var(env, "TORCHELASTIC_MAX_RESTARTS", default=0),
     )
 
 

@@ -43,6 +43,17 @@ def test_fsdp_sharded_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) 
     assert max_abs_diff(full[0], fresh[0]) > 1e-3  # so resuming really skipped two epochs
 
 
+def test_fsdp_resumes_mid_epoch_from_verified_shards(tmp_path: Path) -> None:
+    args = ("fsdp", 4, 3, 0.05)  # 5 steps per epoch
+    full = ddpkit.spawn(workers.train_toy, 2, *args, str(tmp_path / "full"), None, False, 2)
+    with pytest.raises(ddpkit.WorkerFailedError, match="crash before step 8"):
+        ddpkit.spawn(workers.train_toy, 2, *args, str(tmp_path / "cut"), None, False, 2, 8)
+    newest = sorted(p.name for p in (tmp_path / "cut").iterdir())[-1]
+    assert newest == "epoch_000002_step_000006.dcp"  # keep_last=3 kept 2, 4 and 6
+    resumed = ddpkit.spawn(workers.train_toy, 2, *args, str(tmp_path / "cut"), None, False, 2)
+    assert max_abs_diff(full[0], resumed[0]) == 0.0
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_every_rank_starts_from_rank0_weights(strategy: str) -> None:
     rank0, rank1 = ddpkit.spawn(workers.initial_weights, 2, strategy)

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 import ddpkit
 from ddpkit import ConfigError
+from ddpkit.checkpoint import Position
 from ddpkit.errors import CheckpointError
 from ddpkit.seeding import rank_seed
-from ddpkit.sharded import SafeFileSystemReader, load_sharded, save_sharded
+from ddpkit.sharded import SafeFileSystemReader, load_sharded, read_sharded_extra, save_sharded
 from mp_workers import toy_dataset, toy_model
 
 
@@ -109,10 +110,17 @@ def test_sharded_checkpoint_round_trip_without_a_process_group(tmp_path: Path) -
     model, other = toy_model(seed=1), toy_model(seed=2)
     opt = torch.optim.Adam(model.parameters())
     opt_other = torch.optim.Adam(other.parameters())
-    path = save_sharded(model, opt, {"epoch": 3}, tmp_path, epoch=3)
-    assert load_sharded(other, opt_other, path)["epoch"] == 3
+    path = save_sharded(model, opt, {"epoch": 3}, tmp_path, Position(3))
+    assert read_sharded_extra(path)["epoch"] == 3  # every shard file matches its digest
+    load_sharded(other, opt_other, path)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, other.state_dict()[name]), name
+    shard = next(path.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the weights
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{shard.name} does not match its checksum"):
+        read_sharded_extra(path)
 
 
 class _Payload:
