@@ -43,3 +43,9 @@ def test_watchdog_overhead_benchmark_reports_a_ratio() -> None:
     out = run_benchmark("benchmarks/watchdog_overhead.py", "--rounds", "1", "--batch", "512")
     ratio = float(out.strip().splitlines()[-1].rsplit("ratio ", 1)[1])
     assert ratio > 0
+
+
+def test_guard_overhead_benchmark_reports_a_ratio() -> None:
+    out = run_benchmark("benchmarks/guard_overhead.py", "--workload", "wine", "--rounds", "1")
+    ratio = out.strip().splitlines()[-1].split("ratio")[-1]
+    assert float(ratio) > 0
