@@ -134,11 +134,14 @@ class Watchdog:
     def stop(self) -> None:
         """Stop the thread and faulthandler's timer (the job is leaving normally)."""
         self._stopped.set()
+        if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
+            self._thread.join(timeout=self.poll_s + _STORE_OP_TIMEOUT_S)
+        # After the join: a poll under way could otherwise arm the timer again, and it would
+        # end this process long after the job left.
         if self._backstop_armed:  # leave a timer the user armed alone
             with contextlib.suppress(Exception):
                 faulthandler.cancel_dump_traceback_later()
-        if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
-            self._thread.join(timeout=self.poll_s + _STORE_OP_TIMEOUT_S)
+            self._backstop_armed = False
 
     def check_once(self) -> None:
         """One look: answer another rank's alarm, or raise ours if an activity is too old."""
@@ -150,6 +153,8 @@ class Watchdog:
             self._report_hang()
             return
         limit = self.timeout_s + self.grace_s + _BACKSTOP_MARGIN_S
+        if self._stopped.is_set():  # stop() may be cancelling the timer right now
+            return
         if activity is not None or self._backstop_armed:
             self._backstop_armed = _arm_backstop(activity, limit)
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 from torch._C._distributed_c10d import HashStore, PrefixStore
@@ -18,6 +20,14 @@ from ddpkit.watchdog import (
     thread_stack,
     watch,
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_backstop_left_armed() -> Iterator[None]:
+    """check_once arms faulthandler's process-wide timer while an activity runs; a test's
+    dog is never stopped, and the timer would end pytest itself in a later test."""
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 def make_dog(store, rank: int = 0, world_size: int = 2, timeout: float = 0.05) -> Watchdog:
@@ -153,3 +163,20 @@ def test_report_calls_everyone_waiting_in_the_same_call_a_network_problem() -> N
     found = states(("barrier()", 5), ("barrier()", 5))
     report = compose_report(found, world_size=2, reporter=1, timeout_s=30)
     assert "every rank waits in barrier()" in report and "doctor --smoke" in report
+
+
+def test_a_stopped_watchdog_never_leaves_faulthandlers_timer_armed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An armed backstop outliving shutdown() would end the process ~10 minutes later."""
+    armed: list[float] = []
+    monkeypatch.setattr(faulthandler, "dump_traceback_later", lambda s, **_: armed.append(s))
+    monkeypatch.setattr(faulthandler, "cancel_dump_traceback_later", armed.clear)
+    dog = Watchdog(timeout_s=60, rank=0, world_size=1, store=None)
+    dog.begin("step 1: forward")
+    dog.check_once()
+    assert armed  # a step is running: the backstop is set
+    dog.stop()
+    assert not armed
+    dog.check_once()  # a poll that was already under way when stop() ran
+    assert not armed
