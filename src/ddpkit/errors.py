@@ -118,7 +118,7 @@ class ReplicaDivergenceError(DdpkitError, RuntimeError):
 class NonFiniteLossError(DdpkitError, FloatingPointError):
     """A rank's loss was NaN or infinite; names the step and the ranks.
 
-    Raised before that step's optimizer update, so no weights were changed by it.
+    Raised before that step's optimizer update, so the weights were not changed by it.
 
     Example:
         >>> err = NonFiniteLossError(step=12, epoch=2, ranks={1: "nan"})

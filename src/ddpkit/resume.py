@@ -148,7 +148,7 @@ class Checkpointer:
         candidates = list_checkpoints(self.folder)
         for path in reversed(candidates):
             _check_format(path, trainer.model)
-            state = self._load_agreed(path, trainer)
+            state = self._load_agreed(path)
             if state is not None:
                 return self._continue_from(path, state, trainer, loader)
         if candidates:
@@ -158,7 +158,7 @@ class Checkpointer:
             )
         return None
 
-    def _load_agreed(self, path: Path, trainer: Any) -> dict[str, Any] | None:
+    def _load_agreed(self, path: Path) -> dict[str, Any] | None:
         """The state of ``path`` if every rank loaded and checked it, else None (reported)."""
         try:
             state: dict[str, Any] | None = _read(path)
@@ -211,9 +211,11 @@ def _restored_progress(
     """The first epoch to run after resuming, with this rank's generators to restore."""
     progress = EpochProgress(trainer.epoch, loader)
     world = current_world()
-    saved_by = int(state.get("world_size", world.world_size))
-    ranks = state.get("ranks") or []
-    if saved_by != world.world_size or len(ranks) != world.world_size:
+    ranks = state.get("ranks")
+    if not ranks:  # written before ddpkit saved random state: as it always resumed
+        return progress
+    saved_by = len(ranks)
+    if saved_by != world.world_size:
         print0(
             f"ddpkit: {path.name} was written by {saved_by} rank(s) and this run has "
             f"{world.world_size}: random streams start afresh"

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
@@ -90,6 +91,18 @@ class StepMonitor:
         """The current batch is finished (its optimizer step too, if it had one)."""
         if self.watchdog is not None:
             self.watchdog.end(None)
+
+    @contextlib.contextmanager
+    def ending(self) -> Iterator[None]:
+        """Around a loop over :meth:`batches`: its last batch is ended however the loop ends.
+
+        A batch generator left by an exception is not finalized at once, so the watchdog
+        would go on timing that batch.
+        """
+        try:
+            yield
+        finally:
+            self.batch_done()
 
     def fit_started(self, trainer: Any, loader: Any) -> None:
         """Called once per ``fit``, before the first step."""

@@ -5,8 +5,8 @@ summed over ranks as ``(loss * samples, samples, correct)`` so means are sample-
 progress bar and log lines come from rank 0 only, and rank 0 alone writes checkpoints (under
 FSDP every rank writes its shards). A new ``fit`` resumes from the newest valid checkpoint in
 ``checkpoint_dir`` by itself, part-way through an epoch included (see :mod:`ddpkit.resume`).
-Before each optimizer step the step guard (:mod:`ddpkit.guards`) lets every rank agree on
-non-finite losses and on stop requests (SIGTERM / SIGUSR1: checkpoint and exit 75, see
+Before each optimizer step the step guard (:mod:`ddpkit.guards`) checks the loss and lets
+every rank agree on stop requests (SIGTERM / SIGUSR1: checkpoint and exit 75, see
 :mod:`ddpkit.preemption`). When ranks have different numbers of batches, the loop runs under
 torch's ``Join`` so the ranks that finish first keep answering the others' all-reduces
 instead of leaving them to hang.
@@ -54,7 +54,7 @@ from ddpkit.startup import describe_training, setup_record
 from ddpkit.stepmonitor import StepMonitor
 from ddpkit.strategy import unwrap_model
 from ddpkit.uneven import join_unless, same_batch_count
-from ddpkit.validate import check_choice, check_positive_int
+from ddpkit.validate import check_positive_int, check_training_options
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 CHECKPOINT_FORMAT = "ddpkit.checkpoint/2"
@@ -70,7 +70,7 @@ class Trainer:
     the parameters of an uninterrupted one. With a ``checkpoint_dir``, SIGTERM or SIGUSR1
     during ``fit`` checkpoints at the next step and exits with code 75 (see
     :mod:`ddpkit.preemption`). ``nonfinite_loss="error"`` stops at a NaN/inf loss naming the
-    step and rank, before any weight changes; ``"skip"`` skips such steps on every rank.
+    step and rank, before that rank's update; ``"skip"`` skips such steps on every rank.
     ``accumulate=K`` sums the gradients of K batches before each optimizer step, skipping
     the gradient all-reduce on the first K-1 (DDP's ``no_sync``): the same step as one
     K-times larger batch. ``clip_grad_norm`` clips by the global gradient norm before each
@@ -116,7 +116,7 @@ class Trainer:
         checkpoints = Checkpointer.configured(
             checkpoint_dir, save_every, save_every_steps, keep_last
         )
-        _check_options(accumulate, clip_grad_norm, check_replicas_every, scheduler_interval)
+        check_training_options(accumulate, clip_grad_norm, check_replicas_every, scheduler_interval)
         self.world = current_world()
         self.model = model
         self.optimizer = optimizer
@@ -132,7 +132,7 @@ class Trainer:
         self.skipped_steps = 0  # steps skipped for a non-finite loss
         self.history: list[dict[str, float]] = []
         self._announced = False
-        self._guard = StepGuard(nonfinite_loss)
+        self._guard = StepGuard(nonfinite_loss, exchange_stops=checkpoints is not None)
         self._signals: StopSignals | None = None
         self._monitor = StepMonitor(model, check_replicas_every)
 
@@ -148,21 +148,31 @@ class Trainer:
             >>> trainer.fit(train_loader, epochs=10, val=val_loader)  # doctest: +SKIP
         """
         check_positive_int("epochs", epochs)
-        resumed = self.checkpoints.resume(self, train) if self.checkpoints else None
+        progress = self.checkpoints.resume(self, train) if self.checkpoints else None
         self._announce(train)  # seeds the rank streams; a resumed epoch restores its own
         self._monitor.fit_started(self, train)
         if self.epoch >= epochs:
             print0(f"ddpkit: already trained {self.epoch} of {epochs} epochs; nothing to do")
-        # Stop signals are only worth catching when there is somewhere to save to.
-        with StopSignals() if self.checkpoints else contextlib.nullcontext() as signals:
-            self._signals = signals
+        with self._catching_stop_signals():
             for epoch in range(self.epoch, epochs):
-                first = resumed is not None and resumed.epoch == epoch
-                progress = resumed if first and resumed else EpochProgress(epoch, train)
+                if progress is None or progress.epoch != epoch:  # else: the resumed epoch
+                    progress = EpochProgress(epoch, train)
                 self._run_epoch(train, progress, epochs, val)
-            self._signals = None
         self._monitor.fit_finished(self, self.step)
         return self.history
+
+    @contextlib.contextmanager
+    def _catching_stop_signals(self) -> Iterator[None]:
+        """SIGTERM / SIGUSR1 become stop requests, when there is somewhere to save to."""
+        if self.checkpoints is None:
+            yield
+            return
+        with StopSignals() as signals:
+            self._signals = signals
+            try:
+                yield
+            finally:
+                self._signals = None
 
     def _run_epoch(
         self, train: Iterable[Any], progress: EpochProgress, epochs: int, val: Any
@@ -174,8 +184,8 @@ class Trainer:
         self.epoch = progress.epoch + 1
         print0(format_epoch(metrics, epochs))
         report("epoch", **metrics)
+        stop = self._guard.epoch_end(self._stop_signal())
         if self.checkpoints is not None:
-            stop = self._guard.any_stop(self._stop_signal())
             self.checkpoints.epoch_done(self, train, epochs, stop)
 
     @torch.no_grad()
@@ -192,7 +202,7 @@ class Trainer:
         self.model.eval()
         sums = MetricSums(self.world.device)
         remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
-        with _ending(self._monitor.batch_done):
+        with self._monitor.ending():
             for batch in self._monitor.batches(loader, evaluation=True):
                 inputs, targets = self._to_device(batch)
                 if remaining is not None:
@@ -264,7 +274,7 @@ class Trainer:
         bar = _progress(progress.batches_from(loader), total, progress.batches,
                         f"epoch {progress.epoch + 1}/{epochs}")  # fmt: skip
         even = same_batch_count(self.model, total, self._guard.policy)
-        with join_unless(even, self.model), _ending(self._monitor.batch_done):
+        with join_unless(even, self.model), self._monitor.ending():
             for index, batch in enumerate(self._monitor.batches(bar), start=progress.batches):
                 final = (index + 1) % self.accumulate == 0 or index + 1 == total
                 outputs, targets, loss = self._micro_step(batch, index, total, final)
@@ -304,7 +314,7 @@ class Trainer:
         return contextlib.nullcontext()
 
     def _optimizer_step(self, collective: bool) -> str | None:
-        """The guard's verdict, then the update; returns the stop signal all ranks agreed on.
+        """The guard's verdict, then the update; returns a stop signal all ranks agreed on.
 
         Without ``collective`` (uneven batches under Join) a stop waits for the epoch's end.
         """
@@ -317,7 +327,7 @@ class Trainer:
         self.step += 1
         self._monitor.next_step(self.step + 1)
         self._monitor.step_done(self, self.step)
-        return verdict.stop if collective else None
+        return verdict.stop
 
     def _update_weights(self) -> None:
         if self.clip_grad_norm is not None:
@@ -373,15 +383,6 @@ def _progress(batches: Iterable[Any], total: int | None, done: int, desc: str) -
     return bar
 
 
-@contextlib.contextmanager
-def _ending(callback: Callable[[], None]) -> Iterator[None]:
-    # A batch generator left by an exception is not finalized at once: end its activity here.
-    try:
-        yield
-    finally:
-        callback()
-
-
 def _backward_label(final: bool, world_size: int) -> str:
     if world_size == 1:
         return "backward"
@@ -393,14 +394,3 @@ def _group_size(index: int, total: int | None, accumulate: int) -> int:
     if total is None:
         return accumulate
     return min(accumulate, total - (index - index % accumulate))
-
-
-def _check_options(
-    accumulate: int, clip: float | None, check_replicas_every: int | None, interval: str
-) -> None:
-    check_positive_int("accumulate", accumulate)
-    if clip is not None and not clip > 0:
-        raise ConfigError(f"clip_grad_norm must be > 0 (got {clip!r})")
-    if check_replicas_every is not None:
-        check_positive_int("check_replicas_every", check_replicas_every)
-    check_choice("scheduler_interval", interval, ("step", "epoch"))

@@ -236,7 +236,7 @@ def test_a_checkpoint_written_by_more_ranks_restarts_its_epoch(
         train(tmp_path, crash_at=7)
     newest = list_checkpoints(tmp_path)[-1]
     state = load_checkpoint(newest)
-    state["world_size"] = 2  # as if two ranks wrote it
+    state["world_size"], state["ranks"] = 2, state["ranks"] * 2  # as if two ranks wrote it
     reseal(state, newest)
     capsys.readouterr()
     _, history = train(tmp_path)
