@@ -50,3 +50,14 @@ def test_guard_overhead_benchmark_reports_a_ratio() -> None:
     ratios = out.strip().splitlines()[-1].removeprefix("ratios: ").split(", ")
     assert [r.split()[0] for r in ratios] == ["error/off", "skip/off"]
     assert all(float(r.split()[1]) > 0 for r in ratios)
+
+
+def test_stop_latency_benchmark_sees_exit_75() -> None:
+    out = run_benchmark("benchmarks/stop_latency.py", "--runs", "1")
+    assert out.startswith("exit 75 ") and "stopped by SIGTERM at" in out
+
+
+def test_checkpoint_cost_benchmark_reports_every_operation() -> None:
+    out = run_benchmark("benchmarks/checkpoint_cost.py", "--layers", "1", "--rounds", "1")
+    for name in ("digest only", "plain save", "sealed save", "plain load", "checked load"):
+        assert name in out
