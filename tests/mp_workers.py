@@ -68,6 +68,19 @@ def sgd_steps(batch_size: int, epochs: int = 1, lr: float = 0.1) -> dict[str, to
     return cpu_state(model)
 
 
+def crash_before_step(trainer: ddpkit.Trainer, step: int, error: type[Exception]) -> None:
+    """Make ``trainer`` raise ``error`` just before optimizer step ``step``: a crash to resume
+    from, at a chosen place."""
+    real_update = trainer._update_weights
+
+    def update_unless_crashing() -> None:
+        if trainer.step + 1 == step:
+            raise error(f"crash before step {step}")
+        real_update()
+
+    trainer._update_weights = update_unless_crashing  # type: ignore[method-assign]
+
+
 def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[str, object]:
     """Adam on the toy task with checkpoints; records which epochs this rank saved."""
     ddpkit.init(timeout=60)

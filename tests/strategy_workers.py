@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 import ddpkit
 from ddpkit.startup import describe_training
-from mp_workers import toy_dataset, toy_model
+from mp_workers import crash_before_step, toy_dataset, toy_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -52,14 +52,7 @@ def train_toy(
         save_every_steps=save_every_steps,
     )  # fmt: skip
     if crash_at is not None:
-        real_update = trainer._update_weights
-
-        def update_unless_crashing() -> None:
-            if trainer.step + 1 == crash_at:
-                raise RuntimeError(f"crash before step {crash_at}")
-            real_update()
-
-        trainer._update_weights = update_unless_crashing  # type: ignore[method-assign]
+        crash_before_step(trainer, crash_at, RuntimeError)
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=per_device), epochs=epochs)
     return full_state(model)
 

@@ -17,7 +17,7 @@ import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint, parse_name, save_checkpoint
 from ddpkit.errors import CheckpointError, NonFiniteLossError
 from ddpkit.preemption import StopSignals
-from mp_workers import cpu_state, toy_dataset
+from mp_workers import cpu_state, crash_before_step, toy_dataset
 
 
 def reseal(state: dict[str, object], path: Path) -> None:
@@ -52,14 +52,7 @@ def train(
     options = {"save_every_steps": 2, **options}
     trainer = ddpkit.Trainer(model, opt, F.cross_entropy, folder, **options)  # type: ignore[arg-type]
     if crash_at is not None:
-        real_update = trainer._update_weights
-
-        def update_then_maybe_crash() -> None:
-            if trainer.step + 1 == crash_at:
-                raise Interrupted(f"crash at step {crash_at}")
-            real_update()
-
-        trainer._update_weights = update_then_maybe_crash  # type: ignore[method-assign]
+        crash_before_step(trainer, crash_at, Interrupted)
     data = toy_dataset()
     shuffled = torch.Generator().manual_seed(5)  # a fixed order per run, not per epoch
     loader = (DataLoader(data, batch_size=8, shuffle=True, generator=shuffled) if plain_loader
