@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ from torch.distributed.launcher.api import elastic_launch
 from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
 from ddpkit.failures import error_file_texts, root_cause
 from ddpkit.lifeline import LAUNCHER_PID_ENV, Tied
-from ddpkit.plan import LaunchPlan, run_id, to_launch_config
+from ddpkit.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
 from ddpkit.preemption import PREEMPTED_EXIT_CODE, preemption_message
 
 
@@ -180,11 +181,13 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
     """A temporary log folder for one launch, and the workers' environment around it.
 
-    Workers inherit ``env_values``. Our own environment is restored entirely afterwards:
-    torch's launcher also writes to the caller's (TORCHELASTIC_*), and an in-Python ``spawn``
-    must not leave that behind in the user's process.
+    Workers inherit ``env_values``. Our own environment and signal handlers are restored
+    entirely afterwards: torch's launcher also writes to the caller's environment
+    (TORCHELASTIC_*) and installs its own signal handlers, and an in-Python ``spawn`` must not
+    leave those behind in the user's process.
     """
     saved = dict(os.environ)
+    handlers = _signal_handlers()
     os.environ.update(env_values)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
     try:
@@ -194,6 +197,17 @@ def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
         for key in set(os.environ) - set(saved):
             del os.environ[key]
         os.environ.update(saved)
+        for number, handler in handlers.items():  # torch's agent installs its own, for good
+            signal.signal(number, handler)
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    """The caller's handlers for the signals torch's agent takes over (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    numbers = [getattr(signal, name, None) for name in FORWARDED_SIGNALS.split(",")]
+    found = {n: signal.getsignal(n) for n in numbers if n is not None}
+    return {n: handler for n, handler in found.items() if handler is not None}
 
 
 def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:

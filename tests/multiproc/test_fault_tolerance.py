@@ -226,3 +226,9 @@ def _rank_of(pid: int) -> int | None:
         return None
     found = [v for v in environ if v.startswith(b"RANK=")]
     return int(found[0][5:]) if found else None
+
+
+def test_spawn_gives_the_callers_signal_handlers_back() -> None:
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    ddpkit.spawn(mp_workers.world_fields, 2)
+    assert {sig: signal.getsignal(sig) for sig in before} == before
