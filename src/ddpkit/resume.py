@@ -67,6 +67,7 @@ class Checkpointer:
         self.save_every = save_every
         self.save_every_steps = save_every_steps
         self.keep_last = keep_last
+        self._owed = False  # a step checkpoint the epoch's end writes instead
 
     @classmethod
     def configured(
@@ -95,18 +96,29 @@ class Checkpointer:
             check_positive_int("keep_last", keep_last)
         return None if folder is None else cls(folder, save_every, save_every_steps, keep_last)
 
-    def step_done(self, trainer: Any, progress: EpochProgress, stop: str | None) -> None:
-        """After an optimizer step: the periodic checkpoint, or the last one before stopping."""
+    def step_done(
+        self, trainer: Any, progress: EpochProgress, stop: str | None, last: bool
+    ) -> None:
+        """After an optimizer step: the periodic checkpoint, or the last one before stopping.
+
+        On the epoch's ``last`` batch the epoch's end writes it instead: the same weights,
+        with the epoch's metrics, in one write.
+        """
         every = self.save_every_steps
-        if (every is not None and trainer.step % every == 0) or stop:
+        due = every is not None and trainer.step % every == 0
+        if last and not stop:
+            self._owed = self._owed or due
+        elif due or stop:
             path = self.save(trainer, progress.generator_state, progress)
             if stop:
                 exit_preempted(stop, _position(trainer, progress).describe(), path)
 
     def epoch_done(self, trainer: Any, loader: Any, epochs: int, stop: str | None) -> None:
-        """After an epoch: periodic, final, or stopping."""
+        """After an epoch: periodic, final, owed by the last step, or stopping."""
         every = self.save_every
-        if (every is not None and trainer.epoch % every == 0) or trainer.epoch == epochs or stop:
+        periodic = (every is not None and trainer.epoch % every == 0) or self._owed
+        self._owed = False
+        if periodic or trainer.epoch == epochs or stop:
             # The loader's generator is now as the next epoch will find it.
             path = self.save(trainer, loader_generator_state(loader), None)
             if stop:

@@ -283,7 +283,7 @@ class Trainer:
                     stop = self._optimizer_step(collective=even)
                     progress.batches = index + 1
                     if self.checkpoints is not None:
-                        self.checkpoints.step_done(self, progress, stop)
+                        self.checkpoints.step_done(self, progress, stop, last=index + 1 == total)
         if self.scheduler is not None and self.scheduler_interval == "epoch":
             self.scheduler.step()
         return {**progress.sums.reduce(), "time_s": progress.elapsed_s}

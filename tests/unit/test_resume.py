@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -106,7 +107,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
     tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     train(tmp_path, epochs=2, keep_last=None)
-    newest = list_checkpoints(tmp_path)[-1]
+    previous, newest = list_checkpoints(tmp_path)[-2:]
     data = newest.read_bytes()
     if damage == "truncate":
         newest.write_bytes(data[: len(data) // 2])
@@ -119,7 +120,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
     out = capsys.readouterr()
     assert f"warning: skipping {newest}" in out.err
     assert f"kept it as {newest.name}.invalid" in out.out
-    assert "resumed from" in out.out and newest.name not in out.out.split("resumed from")[1]
+    resumed_from = re.search(r"resumed from (\S+)", out.out)
+    assert resumed_from and resumed_from.group(1) == str(previous)
     assert (tmp_path / f"{newest.name}.invalid").exists()
     assert len(history) == 3
 
@@ -237,3 +239,14 @@ def test_a_checkpoint_written_by_more_ranks_restarts_its_epoch(
     assert history[1]["samples"] == 40.0
     # Step 6 (epoch 2's first) was saved; epoch 2 ran again in full: 6 + 5 + 5 steps, not 15.
     assert load_checkpoint(list_checkpoints(tmp_path)[-1])["step"] == 16
+
+
+def test_a_step_checkpoint_on_an_epochs_last_batch_is_that_epochs_checkpoint(
+    tmp_path: Path,
+) -> None:
+    train(tmp_path, epochs=3, keep_last=None, save_every_steps=5)  # 5 steps per epoch
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "epoch_000001.pt",
+        "epoch_000002.pt",
+        "epoch_000003.pt",
+    ]
