@@ -44,7 +44,10 @@ def open_store(world: World, method: InitMethod, join_timeout: float) -> Store:
         store.set_timeout(timedelta(seconds=join_timeout))
         return store
     host, port = _tcp_endpoint(world, method)
-    if world.rank == 0 and not world.agent_store:
+    # torch's agent hosts a store at MASTER_ADDR:MASTER_PORT only: a tcp:// URL names
+    # another endpoint, which rank 0 hosts itself, agent or not.
+    agent_hosts_it = world.agent_store and method.kind == "env"
+    if world.rank == 0 and not agent_hosts_it:
         return _host_tcp_store(host, port, world.world_size, join_timeout)
     return _connect_tcp_store(host, port, world, join_timeout)
 
