@@ -326,3 +326,19 @@ def batch_size_of(batch: Any) -> int:
     if isinstance(batch, dict) and batch:
         return batch_size_of(next(iter(batch.values())))
     raise ConfigError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+def inputs_and_targets(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``(inputs, targets)`` batch on ``device``; anything else is refused by name.
+
+    Example:
+        >>> x, y = inputs_and_targets((torch.zeros(2, 3), torch.ones(2)), torch.device("cpu"))
+        >>> x.shape, y.shape
+        (torch.Size([2, 3]), torch.Size([2]))
+    """
+    if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+        raise ConfigError(
+            f"Trainer expects each batch to be (inputs, targets); got a {type(batch).__name__}"
+            + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+        )
+    return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)

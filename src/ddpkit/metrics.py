@@ -1,8 +1,9 @@
 """Training metrics summed over ranks: sample-weighted loss and, for classifiers, accuracy.
 
-Each rank keeps running sums ``(loss * n, n, correct)`` on its device, so the loop never waits
-for ``.item()``; one all-reduce at the end of the epoch turns them into global means that
-equal what one process computes over the same samples.
+Each rank keeps running sums ``(loss * n, n, correct, correct in top 5)`` on its device, so the
+loop never waits for ``.item()``; one all-reduce at the end of the epoch turns them into
+global means that equal what one process computes over the same samples. Top-5 accuracy (the
+ImageNet tutorials' Acc@5) is reported for classifiers with more than 5 classes.
 
 Example:
     >>> sums = MetricSums(torch.device("cpu"))
@@ -28,8 +29,10 @@ class MetricSums:
     """
 
     def __init__(self, device: torch.device) -> None:
-        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss*n, n, correct
+        # loss*n, n, correct, correct within the top 5
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
         self.classifier: bool | None = None
+        self.top5 = False
 
     def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor) -> None:
         """Add one batch; ``loss`` is the batch mean, as torch's losses return by default.
@@ -40,10 +43,14 @@ class MetricSums:
         n = batch_size_of(targets)
         if self.classifier is None:
             self.classifier = _is_classification(outputs, targets)
+            self.top5 = self.classifier and outputs.shape[1] > 5
         self.sums[0] += loss.double() * n
         self.sums[1] += n
         if self.classifier:
             self.sums[2] += (outputs.argmax(dim=1) == targets).sum()
+            if outputs.shape[1] > 5:
+                top5 = outputs.topk(5, dim=1).indices
+                self.sums[3] += (top5 == targets[:, None]).any(dim=1).sum()
 
     def reduce(self) -> dict[str, float]:
         """Global means over every rank's samples (a collective: all ranks call it).
@@ -52,12 +59,14 @@ class MetricSums:
             >>> sums.reduce()  # doctest: +SKIP
             {'loss': 0.31, 'accuracy': 0.9}
         """
-        loss_sum, count, correct = all_reduce_sum(self.sums).tolist()
+        loss_sum, count, correct, correct5 = all_reduce_sum(self.sums).tolist()
         if count == 0:
             return {}
         metrics = {"loss": loss_sum / count, "samples": count}
         if self.classifier:
             metrics["accuracy"] = correct / count
+            if self.top5:
+                metrics["top5_accuracy"] = correct5 / count
         return metrics
 
 

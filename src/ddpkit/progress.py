@@ -76,13 +76,14 @@ class EpochProgress:
 
         Example:
             >>> sorted(progress.state_dict())  # doctest: +SKIP
-            ['batches', 'classifier', 'elapsed_s', 'epoch', 'metric_sums']
+            ['batches', 'classifier', 'elapsed_s', 'epoch', 'metric_sums', 'top5']
         """
         return {
             "epoch": self.epoch,
             "batches": self.batches,
             "metric_sums": all_reduce_sum(self.sums.sums).cpu(),
             "classifier": self.sums.classifier,
+            "top5": self.sums.top5,
             "elapsed_s": self.elapsed_s,
         }
 
@@ -98,6 +99,7 @@ class EpochProgress:
         if is_main():
             self.sums.sums += state["metric_sums"].to(self.sums.sums)
         self.sums.classifier = state["classifier"]
+        self.sums.top5 = bool(state.get("top5", False))
         self._elapsed_before = float(state["elapsed_s"])
 
 

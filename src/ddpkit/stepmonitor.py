@@ -144,6 +144,18 @@ class StepMonitor:
             self.watchdog.begin(label)
 
 
+def backward_label(final: bool, world_size: int) -> str:
+    """What the watchdog calls a backward pass: whether it carries the gradient all-reduce.
+
+    Example:
+        >>> backward_label(final=True, world_size=2)
+        'backward + gradient all-reduce'
+    """
+    if world_size == 1:
+        return "backward"
+    return "backward + gradient all-reduce" if final else "backward (no sync)"
+
+
 def env_int(name: str, environ: Mapping[str, str] | None = None) -> int | None:
     """A positive integer setting from the environment, or None when unset.
 

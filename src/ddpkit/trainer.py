@@ -35,11 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
-from ddpkit.collectives import is_main, print0
-from ddpkit.data import real_samples_on_rank, set_epoch
-from ddpkit.errors import CheckpointError, ConfigError, NonFiniteLossError
+from ddpkit.collectives import print0
+from ddpkit.data import inputs_and_targets, real_samples_on_rank, set_epoch
+from ddpkit.errors import CheckpointError, NonFiniteLossError
 from ddpkit.fsdp import is_sharded, no_gradient_sync
 from ddpkit.guards import StepGuard
 from ddpkit.metrics import MetricSums, format_epoch
@@ -51,7 +50,8 @@ from ddpkit.reporting import report
 from ddpkit.resume import Checkpointer
 from ddpkit.seeding import configured_seed, seed_rank_streams
 from ddpkit.startup import describe_training, setup_record
-from ddpkit.stepmonitor import StepMonitor
+from ddpkit.steplog import StepLog, progress_bar
+from ddpkit.stepmonitor import StepMonitor, backward_label
 from ddpkit.strategy import unwrap_model
 from ddpkit.uneven import join_unless, same_batch_count
 from ddpkit.validate import check_positive_int, check_training_options
@@ -81,8 +81,9 @@ class Trainer:
     metrics and every rank's random state. ``check_replicas_every=M`` compares the DDP
     replicas across ranks every M optimizer steps and stops with
     :class:`~ddpkit.errors.ReplicaDivergenceError`, naming the ranks and tensors that differ
-    (see :mod:`ddpkit.replicas`). Each batch is watched by the hang watchdog
-    (``ddpkit.init(hang_timeout=...)``).
+    (see :mod:`ddpkit.replicas`). ``log_every=N`` prints a line every N optimizer steps
+    (rank 0's loss and the pace), for logs where tqdm's bar is hidden. Each batch is watched
+    by the hang watchdog (``ddpkit.init(hang_timeout=...)``).
 
     Example:
         >>> import torch, torch.nn.functional as F, ddpkit
@@ -112,11 +113,14 @@ class Trainer:
         scheduler_interval: str = "step",
         check_replicas_every: int | None = None,
         nonfinite_loss: str = "error",
+        log_every: int | None = None,
     ) -> None:
         checkpoints = Checkpointer.configured(
             checkpoint_dir, save_every, save_every_steps, keep_last
         )
         check_training_options(accumulate, clip_grad_norm, check_replicas_every, scheduler_interval)
+        if log_every is not None:
+            check_positive_int("log_every", log_every)
         self.world = current_world()
         self.model = model
         self.optimizer = optimizer
@@ -135,6 +139,7 @@ class Trainer:
         self._guard = StepGuard(nonfinite_loss, exchange_stops=checkpoints is not None)
         self._signals: StopSignals | None = None
         self._monitor = StepMonitor(model, check_replicas_every)
+        self._log = StepLog(log_every)
 
     def fit(
         self, train: Iterable[Any], epochs: int, val: Iterable[Any] | None = None
@@ -160,6 +165,17 @@ class Trainer:
                 self._run_epoch(train, progress, epochs, val)
         self._monitor.fit_finished(self, self.step)
         return self.history
+
+    def resume(self) -> bool:
+        """Load the newest valid checkpoint of ``checkpoint_dir`` now; False when there is none.
+
+        ``fit`` does this by itself; call it to evaluate a checkpoint without training.
+
+        Example:
+            >>> trainer.resume() and trainer.evaluate(val_loader)  # doctest: +SKIP
+            {'loss': 0.41, 'accuracy': 0.88, 'top5_accuracy': 0.99}
+        """
+        return self.checkpoints is not None and self.checkpoints.resume(self, None) is not None
 
     @contextlib.contextmanager
     def _catching_stop_signals(self) -> Iterator[None]:
@@ -204,7 +220,7 @@ class Trainer:
         remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
         with self._monitor.ending():
             for batch in self._monitor.batches(loader, evaluation=True):
-                inputs, targets = self._to_device(batch)
+                inputs, targets = inputs_and_targets(batch, self.world.device)
                 if remaining is not None:
                     keep = max(0, min(len(targets), remaining))
                     remaining -= keep
@@ -271,7 +287,7 @@ class Trainer:
         self.model.train()
         total = len(loader) if isinstance(loader, Sized) else None
         self.optimizer.zero_grad(set_to_none=True)
-        bar = _progress(progress.batches_from(loader), total, progress.batches,
+        bar = progress_bar(progress.batches_from(loader), total, progress.batches,
                         f"epoch {progress.epoch + 1}/{epochs}")  # fmt: skip
         even = same_batch_count(self.model, total, self._guard.policy)
         with join_unless(even, self.model), self._monitor.ending():
@@ -282,6 +298,7 @@ class Trainer:
                 if final:
                     stop = self._optimizer_step(collective=even)
                     progress.batches = index + 1
+                    self._log.step_done(self.step, progress, epochs, total, loss)
                     if self.checkpoints is not None:
                         self.checkpoints.step_done(self, progress, stop, last=index + 1 == total)
         if self.scheduler is not None and self.scheduler_interval == "epoch":
@@ -292,14 +309,14 @@ class Trainer:
         self, batch: Any, index: int, total: int | None, final: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Forward and backward of one batch; returns detached outputs, targets, loss."""
-        inputs, targets = self._to_device(batch)
+        inputs, targets = inputs_and_targets(batch, self.world.device)
         self._monitor.phase("forward")
         with self._gradient_sync(final):
             with self.precision.autocast():
                 outputs = self.model(inputs)
                 loss = self.loss_fn(outputs, targets)
             self._guard.note_loss(loss)
-            self._monitor.phase(_backward_label(final, self.world.world_size))
+            self._monitor.phase(backward_label(final, self.world.world_size))
             self.precision.backward(loss / _group_size(index, total, self.accumulate))
         return outputs.detach(), targets, loss.detach()
 
@@ -354,15 +371,6 @@ class Trainer:
     def _stop_signal(self) -> int:
         return self._signals.signum if self._signals is not None else 0
 
-    def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
-            raise ConfigError(
-                f"Trainer expects each batch to be (inputs, targets); got a {type(batch).__name__}"
-                + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
-            )
-        device = self.world.device
-        return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-
     def _announce(self, loader: Iterable[Any]) -> None:
         """Say once how the run is set up; seed the per-rank random streams."""
         if not self._announced:
@@ -372,21 +380,6 @@ class Trainer:
         seed = configured_seed()
         if seed is not None:  # augmentation and dropout differ per rank, reproducibly
             seed_rank_streams(seed, self.world.rank)
-
-
-def _progress(batches: Iterable[Any], total: int | None, done: int, desc: str) -> Iterable[Any]:
-    # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs, pipes).
-    hidden = None if is_main() else True
-    bar: Iterable[Any] = tqdm(
-        batches, desc=desc, total=total, initial=done, leave=False, disable=hidden
-    )
-    return bar
-
-
-def _backward_label(final: bool, world_size: int) -> str:
-    if world_size == 1:
-        return "backward"
-    return "backward + gradient all-reduce" if final else "backward (no sync)"
 
 
 def _group_size(index: int, total: int | None, accumulate: int) -> int:

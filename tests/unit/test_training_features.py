@@ -13,6 +13,7 @@ import ddpkit
 from ddpkit import ConfigError
 from ddpkit.checkpoint import Position
 from ddpkit.errors import CheckpointError
+from ddpkit.metrics import MetricSums
 from ddpkit.seeding import rank_seed
 from ddpkit.sharded import SafeFileSystemReader, load_sharded, read_sharded_extra, save_sharded
 from mp_workers import toy_dataset, toy_model
@@ -145,3 +146,45 @@ def test_one_seed_reproduces_and_rank_streams_are_distinct() -> None:
     assert len({rank_seed(11, r) for r in range(64)}) == 64
     with pytest.raises(ConfigError, match="seed must be an integer"):
         ddpkit.seed_everything(-1)
+
+
+def test_top5_accuracy_is_reported_for_more_than_five_classes() -> None:
+    ddpkit.init(hang_timeout=0)
+    sums = MetricSums(torch.device("cpu"))
+    outputs = torch.tensor([[9.0, 8, 7, 6, 5, 4, 0], [0, 1, 2, 3, 4, 5, 9]])
+    sums.add(torch.tensor(1.0), outputs, torch.tensor([4, 0]))  # 4 is in row 0's top 5 only
+    assert sums.reduce() == {"loss": 1.0, "samples": 2.0, "accuracy": 0.0, "top5_accuracy": 0.5}
+    few = MetricSums(torch.device("cpu"))
+    few.add(torch.tensor(1.0), outputs[:, :5], torch.tensor([4, 0]))
+    assert "top5_accuracy" not in few.reduce()  # with 5 classes it would always be 1
+
+
+def test_log_every_prints_rank0s_loss_every_n_steps(capsys: pytest.CaptureFixture[str]) -> None:
+    ddpkit.init(hang_timeout=0)
+    model = toy_model()
+    trainer = ddpkit.Trainer(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, log_every=2
+    )
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=1)  # 5 steps
+    lines = [line for line in capsys.readouterr().out.splitlines() if "s/step" in line]
+    assert [line.split("  loss")[0] for line in lines] == [
+        "epoch 1/1  batch 2/5",
+        "epoch 1/1  batch 4/5",
+    ]
+
+
+def test_resume_loads_the_newest_checkpoint_without_training(tmp_path: Path) -> None:
+    ddpkit.init(hang_timeout=0)
+
+    def trainer() -> ddpkit.Trainer:
+        model = toy_model(seed=9)
+        return ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                              F.cross_entropy, tmp_path)  # fmt: skip
+
+    assert trainer().resume() is False  # nothing saved yet
+    first = trainer()
+    first.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
+    second = trainer()
+    assert second.resume() is True and second.epoch == 2 and second.step == 10
+    for name, tensor in first.model.state_dict().items():
+        assert torch.equal(tensor, second.model.state_dict()[name]), name
