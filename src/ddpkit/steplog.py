@@ -9,6 +9,7 @@ Example:
     >>> import torch, types
     >>> log = StepLog(every=2)
     >>> at = types.SimpleNamespace(epoch=0, batches=2)  # an EpochProgress: epoch 1, 2 batches
+    >>> log.step_done(1, at, epochs=3, total=5, loss=torch.tensor(0.5))  # first step: quiet
     >>> log.step_done(2, at, epochs=3, total=5, loss=torch.tensor(0.75))  # doctest: +ELLIPSIS
     epoch 1/3  batch 2/5  loss 0.7500  (... s/step)
 """
@@ -52,17 +53,22 @@ class StepLog:
     def __init__(self, every: int | None) -> None:
         self.every = every
         self._since = time.perf_counter()
-        self._steps = 0
+        self._steps = 0  # since the last line
+        self._epoch: int | None = None
+        self._in_epoch = 0  # steps taken in this epoch (by this fit, when it resumed one)
 
     def step_done(
         self, step: int, progress: Any, epochs: int, total: int | None, loss: torch.Tensor
     ) -> None:
-        """After every optimizer step; prints when ``step`` is a multiple of ``every``.
+        """After every optimizer step; prints every ``every`` steps of the epoch.
 
         ``progress`` is the :class:`~ddpkit.progress.EpochProgress` of the running epoch.
         """
+        if progress.epoch != self._epoch:
+            self._epoch, self._in_epoch = progress.epoch, 0
         self._steps += 1
-        if not self.every or step % self.every or not is_main():
+        self._in_epoch += 1
+        if not self.every or self._in_epoch % self.every or not is_main():
             return
         now = time.perf_counter()
         pace = (now - self._since) / self._steps
