@@ -70,7 +70,7 @@ def test_resume_continues_and_evaluate_only_evaluates(
     checkpoints = tmp_path / "ckpt"
     shutil.copytree(tutorial_run[1], checkpoints)
     again = ddpkit_cli("run", "--nproc", "2", "examples/imagenet.py", str(images), *SMALL,
-                       "--epochs", "2", "--resume", str(checkpoints))  # fmt: skip
+                       "--epochs", "2", "--resume", str(checkpoints), "-j", "2")  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {checkpoints / 'epoch_000001.pt'}" in again.stdout
     assert "epoch 2/2  loss" in again.stdout and "epoch 1/2  loss" not in again.stdout
@@ -80,6 +80,14 @@ def test_resume_continues_and_evaluate_only_evaluates(
     assert f"resumed from {checkpoints / 'epoch_000002.pt'}" in evaluated.stdout
     assert " * Acc@1 " in evaluated.stdout and "loss" not in evaluated.stdout.split("Acc@5")[0]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch_000001.pt", "epoch_000002.pt"]
+
+
+def test_dummy_images_need_no_folder(tmp_path: Path) -> None:
+    done = python("examples/imagenet.py", "--dummy", *SMALL, "--evaluate",
+                  "--checkpoint-dir", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"no checkpoint in {tmp_path}: evaluating untrained" in done.stdout
+    assert re.search(r" \* Acc@1 \d+\.\d{3} Acc@5 \d+\.\d{3}", done.stdout)  # 1000 classes
 
 
 def test_a_new_run_will_not_silently_continue_an_old_one(
