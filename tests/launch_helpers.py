@@ -48,14 +48,22 @@ def processes_running(needle: str) -> list[int]:
 
 def ensure_debian_package(binary: str, package: str) -> str:
     """Path of ``binary``; installs Debian's ``package`` with root and apt-get, else skips."""
-    found = shutil.which(binary)
-    if found:
-        return found
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip(f"{binary} is missing and cannot be installed here (needs root and apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for step in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
-        done = subprocess.run(step, capture_output=True, text=True, env=env, timeout=600)
-        if done.returncode != 0:
-            pytest.skip(f"installing {package} failed: {done.stderr.strip()[-300:]}")
+    ensure_debian_packages({binary: package})
     return shutil.which(binary) or pytest.skip(f"{package} installed no {binary}")
+
+
+def ensure_debian_packages(needed: dict[str, str]) -> None:
+    """Install the Debian packages of the ``{binary: package}`` missing from PATH, or skip."""
+    packages = sorted({pkg for binary, pkg in needed.items() if shutil.which(binary) is None})
+    if not packages:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip(f"{', '.join(packages)} missing and cannot be installed (needs root, apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-qq", *packages]
+    done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:  # a fresh machine may not know the packages yet
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, env=env, timeout=600)
+        done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        pytest.skip(f"installing {', '.join(packages)} failed: {done.stderr.strip()[-300:]}")

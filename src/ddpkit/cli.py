@@ -24,9 +24,10 @@ from ddpkit.errors import DdpkitError, PreemptedError, StoppedBySignalError, Wor
 from ddpkit.launch import run_script
 from ddpkit.plan import LaunchPlan, plan_from_slurm
 from ddpkit.slurm import SbatchOptions, sbatch_script
+from ddpkit.slurmenv import slurm_nodes
+from ddpkit.slurmfit import check_fits, cluster_node_groups
 from ddpkit.verify import add_verify_command, run_verify_command
 from ddpkit.watchdog import HANG_TIMEOUT_ENV
-from ddpkit.world import slurm_nodes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +248,17 @@ def _add_slurm_command(commands: argparse._SubParsersAction) -> None:  # type: i
     slurm.add_argument("--partition", default=None)
     slurm.add_argument("--mem", default=None, help="memory per node, like 64G")
     slurm.add_argument("--job-name", default="ddpkit")
+    slurm.add_argument(
+        "--requeue",
+        action="store_true",
+        help="survive preemption and the time limit: SIGUSR1 120 s before it, checkpoint, "
+        "exit 75, requeue, resume (the script needs a --checkpoint-dir)",
+    )
+    slurm.add_argument(
+        "--no-check",
+        action="store_true",
+        help="do not ask sinfo whether the partition's nodes can hold the job",
+    )
     slurm.add_argument("script", help="the training script")
     slurm.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
 
@@ -287,8 +299,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "verify":
         return run_verify_command(args)
     if args.command == "slurm":
-        print(sbatch_script(_sbatch_options(args), args.script, args.script_args), end="")
-        return 0
+        return _slurm(args)
     run_script(launch_plan(args), args.script, args.script_args, worker_settings(args))
     return 0
 
@@ -315,10 +326,26 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _slurm(args: argparse.Namespace) -> int:
+    options = _sbatch_options(args)
+    text = sbatch_script(options, args.script, args.script_args)  # checks the flags first
+    groups = None if args.no_check else cluster_node_groups()
+    if groups is not None:
+        check_fits(options, groups)
+    if not Path(args.script).exists():
+        print(f"ddpkit slurm: warning: {args.script} does not exist here; the job runs it "
+              "from the folder you call sbatch in", file=sys.stderr)  # fmt: skip
+    print(text, end="")
+    return 0
+
+
 def _sbatch_options(args: argparse.Namespace) -> SbatchOptions:
     names = ("nodes", "gpus_per_node", "nproc_per_node", "cpus_per_task", "time", "partition")
     return SbatchOptions(
-        **{name: getattr(args, name) for name in names}, mem=args.mem, job_name=args.job_name
+        **{name: getattr(args, name) for name in names},
+        mem=args.mem,
+        job_name=args.job_name,
+        requeue=args.requeue,
     )
 
 

@@ -23,7 +23,7 @@ from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit.errors import ConfigError
 from ddpkit.localrdzv import register_loopback_backend
-from ddpkit.world import SlurmNodes
+from ddpkit.slurmenv import SlurmNodes
 
 RDZV_TIMEOUT_S = 900  # how long nodes may take to join; torch's default
 # torch's agent catches these and stops its workers with the same signal; SIGUSR1 is added

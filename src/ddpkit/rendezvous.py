@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
+from ddpkit.errorhook import install_short_errors
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.failures import install_error_file_hook
 from ddpkit.initmethod import InitMethod, parse_init_method
@@ -77,6 +78,7 @@ def init(
     global _current
     if _current is not None:
         return _current
+    install_short_errors()  # a bad setting below ends the script with one clear message
     if seed is not None:
         seed_everything(seed)
     method = parse_init_method(init_method) if init_method else None

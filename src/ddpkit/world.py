@@ -20,10 +20,13 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from ddpkit.envvars import int_var
 from ddpkit.errors import ConfigError
-from ddpkit.hostlist import expand_hostlist
+from ddpkit.slurmenv import check_started_by_srun, slurm_first_host, slurm_port, slurm_tasks_on_node
 
 BACKENDS = ("gloo", "nccl", "mpi")
+# Said in the start line where ranks came from a cluster manager rather than a ddpkit launcher.
+_RANK_SOURCES = {"slurm": ", ranks from SLURM_PROCID", "mpi": ", ranks from OMPI_COMM_WORLD_RANK"}
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,13 @@ class World(Topology):
             'world size 1 (1 process per node x 1 node), backend gloo, device cpu'
         """
         restarted = f", restart {self.restart} of {self.max_restarts}" if self.restart else ""
+        source = _RANK_SOURCES.get(self.launcher, "")
         return (
             f"world size {self.world_size} ({self.local_world_size} process"
             f"{'es' if self.local_world_size > 1 else ''} per node x {self.num_nodes} node"
             f"{'s' if self.num_nodes > 1 else ''}), backend {self.backend}, device {self.device}"
             + restarted
+            + source
         )
 
     @classmethod
@@ -155,15 +160,15 @@ def explicit_topology(rank: int | None, world_size: int | None, env: Mapping[str
             f"rank and world_size go together (got rank={rank}, world_size={world_size}); "
             "pass both, or neither to read them from the launcher"
         )
-    local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
+    local_world_size = int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
     topology = Topology(
         rank=rank,
-        local_rank=_int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
+        local_rank=int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
         world_size=world_size,
         local_world_size=local_world_size,
         node_rank=rank // max(1, local_world_size),
         master_addr=env.get("MASTER_ADDR"),
-        master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
+        master_port=int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
         launcher="explicit",
     )
     _validate_ranks(topology)
@@ -173,21 +178,21 @@ def explicit_topology(rank: int | None, world_size: int | None, env: Mapping[str
 def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
     if not _contract_present(env, ("RANK", "WORLD_SIZE"), "torchrun"):
         return None
-    rank, world_size = _int_var(env, "RANK"), _int_var(env, "WORLD_SIZE")
-    local_world_size = _int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
+    rank, world_size = int_var(env, "RANK"), int_var(env, "WORLD_SIZE")
+    local_world_size = int_var(env, "LOCAL_WORLD_SIZE", default=world_size)
     return Topology(
         rank=rank,
-        local_rank=_int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
+        local_rank=int_var(env, "LOCAL_RANK", default=rank % max(1, local_world_size)),
         world_size=world_size,
         local_world_size=local_world_size,
         # GROUP_RANK is torch elastic's node index; plain env:// jobs only give ranks.
-        node_rank=_int_var(env, "GROUP_RANK", default=rank // max(1, local_world_size)),
+        node_rank=int_var(env, "GROUP_RANK", default=rank // max(1, local_world_size)),
         master_addr=env.get("MASTER_ADDR"),
-        master_port=_int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
+        master_port=int_var(env, "MASTER_PORT") if "MASTER_PORT" in env else None,
         launcher="torchrun",
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-        restart=_int_var(env, "TORCHELASTIC_RESTART_COUNT", default=0),
-        max_restarts=_int_var(env, "TORCHELASTIC_MAX_RESTARTS", default=0),
+        restart=int_var(env, "TORCHELASTIC_RESTART_COUNT", default=0),
+        max_restarts=int_var(env, "TORCHELASTIC_MAX_RESTARTS", default=0),
     )
 
 
@@ -195,16 +200,17 @@ def _slurm_topology(env: Mapping[str, str]) -> Topology | None:
     """One SLURM task per worker (``srun -n 8 python train.py``)."""
     if not _contract_present(env, ("SLURM_PROCID", "SLURM_NTASKS"), "SLURM"):
         return None
-    node = _int_var(env, "SLURM_NODEID", default=0)
+    check_started_by_srun(env)
+    node = int_var(env, "SLURM_NODEID", default=0)
     tasks_here = slurm_tasks_on_node(env, node)
     return Topology(
-        rank=_int_var(env, "SLURM_PROCID"),
-        local_rank=_int_var(env, "SLURM_LOCALID", default=0),
-        world_size=_int_var(env, "SLURM_NTASKS"),
+        rank=int_var(env, "SLURM_PROCID"),
+        local_rank=int_var(env, "SLURM_LOCALID", default=0),
+        world_size=int_var(env, "SLURM_NTASKS"),
         local_world_size=tasks_here,
         node_rank=node,
         master_addr=env.get("MASTER_ADDR") or slurm_first_host(env),
-        master_port=_int_var(env, "MASTER_PORT", default=slurm_port(env)),
+        master_port=int_var(env, "MASTER_PORT", default=slurm_port(env)),
         launcher="slurm",
     )
 
@@ -214,20 +220,20 @@ def _mpi_topology(env: Mapping[str, str]) -> Topology | None:
     prefix = "OMPI_COMM_WORLD_"
     if not _contract_present(env, (prefix + "RANK", prefix + "SIZE"), "OpenMPI"):
         return None
-    size = _int_var(env, prefix + "SIZE")
-    local_size = _int_var(env, prefix + "LOCAL_SIZE", default=size)
+    size = int_var(env, prefix + "SIZE")
+    local_size = int_var(env, prefix + "LOCAL_SIZE", default=size)
     single_node = local_size == size
     return Topology(
-        rank=_int_var(env, prefix + "RANK"),
-        local_rank=_int_var(env, prefix + "LOCAL_RANK", default=0),
+        rank=int_var(env, prefix + "RANK"),
+        local_rank=int_var(env, prefix + "LOCAL_RANK", default=0),
         world_size=size,
         local_world_size=local_size,
         # OMPI_COMM_WORLD_NODE_RANK is a process's rank *on* its node, not the node's index;
         # OpenMPI publishes no node index, so it follows from the (uniform) layout.
-        node_rank=_int_var(env, prefix + "RANK") // max(1, local_size),
+        node_rank=int_var(env, prefix + "RANK") // max(1, local_size),
         # One node: every rank can reach rank 0 on loopback. Several: the user must say where.
         master_addr=env.get("MASTER_ADDR") or ("127.0.0.1" if single_node else None),
-        master_port=_int_var(env, "MASTER_PORT", default=_job_port(env.get("PMIX_NAMESPACE"))),
+        master_port=int_var(env, "MASTER_PORT", default=_job_port(env.get("PMIX_NAMESPACE"))),
         launcher="mpi",
     )
 
@@ -246,69 +252,11 @@ def _contract_present(env: Mapping[str, str], required: tuple[str, ...], name: s
     return True
 
 
-def slurm_first_host(env: Mapping[str, str]) -> str | None:
-    """The first host of the job's node list: where rank 0 runs.
-
-    Example:
-        >>> slurm_first_host({"SLURM_JOB_NODELIST": "gpu[03-04]"})
-        'gpu03'
-    """
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    return expand_hostlist(nodelist)[0] if nodelist else None
-
-
-def slurm_port(env: Mapping[str, str]) -> int:
-    """A rendezvous port every task of the job derives alike: 20000 + job id % 10000.
-
-    Below Linux's ephemeral range (32768+), so the OS does not hand it out to clients.
-
-    Example:
-        >>> slurm_port({"SLURM_JOB_ID": "123456"})
-        23456
-    """
-    job_id = _int_var(env, "SLURM_JOB_ID", default=0)
-    return 20000 + job_id % 10000
-
-
-def slurm_tasks_on_node(env: Mapping[str, str], node: int) -> int:
-    """Tasks on node ``node``, from SLURM's ``2(x3),1`` per-node task counts.
-
-    Example:
-        >>> slurm_tasks_on_node({"SLURM_STEP_TASKS_PER_NODE": "2(x2),1"}, 2)
-        1
-    """
-    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    if not spec:
-        return _int_var(env, "SLURM_NTASKS_PER_NODE", default=_int_var(env, "SLURM_NTASKS"))
-    counts: list[int] = []
-    for part in spec.split(","):
-        count, _, repeat = part.partition("(x")
-        try:
-            counts += [int(count)] * (int(repeat.rstrip(")")) if repeat else 1)
-        except ValueError:
-            raise ConfigError(f"SLURM_TASKS_PER_NODE={spec!r} is not like '2(x3),1'") from None
-    if not 0 <= node < len(counts):
-        raise ConfigError(f"SLURM_NODEID={node} but tasks are listed for {len(counts)} node(s)")
-    return counts[node]
-
-
 def _job_port(job_key: str | None) -> int:
     """A port all ranks of one job agree on without talking: derived from a job-unique key."""
     if not job_key:
         return 29500  # torch's customary default
     return 20000 + zlib.crc32(job_key.encode()) % 10000
-
-
-def _int_var(env: Mapping[str, str], name: str, default: int | None = None) -> int:
-    raw = env.get(name)
-    if raw is None:
-        if default is None:
-            raise ConfigError(f"environment variable {name} is not set")
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
 
 
 def _validate_ranks(t: Topology) -> None:
@@ -379,40 +327,3 @@ def choose_backend(requested: str | None, device: torch.device) -> str:
             "for CPU training"
         )
     return requested
-
-
-@dataclass(frozen=True)
-class SlurmNodes:
-    """A SLURM job seen per node, for ``srun ddpkit run`` (one task per node).
-
-    Example:
-        >>> job = SlurmNodes(nnodes=2, node_rank=1, ntasks=2, master_addr="n1", master_port=21234)
-        >>> job.nnodes
-        2
-    """
-
-    nnodes: int
-    node_rank: int
-    ntasks: int
-    master_addr: str
-    master_port: int
-
-
-def slurm_nodes(environ: Mapping[str, str] | None = None) -> SlurmNodes | None:
-    """The SLURM step this process runs in, or None outside one.
-
-    Example:
-        >>> slurm_nodes({}) is None
-        True
-    """
-    env = os.environ if environ is None else environ
-    if "SLURM_PROCID" not in env or "SLURM_JOB_ID" not in env:
-        return None
-    nnodes = _int_var(env, "SLURM_NNODES", default=_int_var(env, "SLURM_JOB_NUM_NODES", default=1))
-    return SlurmNodes(
-        nnodes=nnodes,
-        node_rank=_int_var(env, "SLURM_NODEID", default=0),
-        ntasks=_int_var(env, "SLURM_NTASKS", default=nnodes),
-        master_addr=env.get("MASTER_ADDR") or slurm_first_host(env) or "127.0.0.1",
-        master_port=_int_var(env, "MASTER_PORT", default=slurm_port(env)),
-    )

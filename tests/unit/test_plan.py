@@ -7,7 +7,7 @@ import pytest
 from ddpkit import ConfigError
 from ddpkit.cli import build_parser, launch_plan
 from ddpkit.plan import LaunchPlan, parse_nnodes, to_launch_config
-from ddpkit.world import slurm_nodes
+from ddpkit.slurmenv import slurm_nodes
 
 SLURM_PER_NODE = {
     "SLURM_JOB_ID": "777",
@@ -16,6 +16,7 @@ SLURM_PER_NODE = {
     "SLURM_NNODES": "2",
     "SLURM_NTASKS": "2",
     "SLURM_JOB_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_ID": "0",  # one of srun's tasks, not the batch script
 }
 
 
@@ -95,3 +96,17 @@ def test_single_node_slurm_job_stays_local() -> None:
     env = {**SLURM_PER_NODE, "SLURM_NNODES": "1", "SLURM_NTASKS": "1", "SLURM_NODEID": "0"}
     assert plan_for("--nproc", "2", environ=env).mode == "local"
     assert slurm_nodes(env) is not None
+
+
+def test_ddpkit_run_in_a_one_node_batch_script_runs_locally() -> None:
+    batch = {k: v for k, v in SLURM_PER_NODE.items() if k != "SLURM_STEP_ID"}
+    batch.update(SLURM_NNODES="1", SLURM_NTASKS="2", SLURM_NODEID="0", SLURM_PROCID="0")
+    assert slurm_nodes(batch) is None  # not a step: `ddpkit run` uses the node it is on
+    assert plan_for("--nproc", "2", environ=batch).mode == "local"
+
+
+def test_ddpkit_run_in_a_multi_node_batch_script_is_refused() -> None:
+    batch = {k: v for k, v in SLURM_PER_NODE.items() if k != "SLURM_STEP_ID"}
+    batch.update(SLURM_NODEID="0", SLURM_PROCID="0")
+    with pytest.raises(ConfigError, match=r"first of its 2 nodes only.*srun ddpkit run"):
+        plan_for("--nproc", "2", environ=batch)

@@ -99,6 +99,7 @@ SLURM_ONE_TASK_PER_GPU = {
     "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
     "SLURM_JOB_NODELIST": "gpu[03-04]",
     "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
 }
 
 
@@ -125,6 +126,27 @@ def test_slurm_uneven_tasks_per_node() -> None:
     env = {**SLURM_ONE_TASK_PER_GPU, "SLURM_STEP_TASKS_PER_NODE": "3,2(x2)", "SLURM_NTASKS": "7",
            "SLURM_PROCID": "6", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "n[1-3]"}  # fmt: skip
     assert World.detect(environ=env).local_world_size == 2
+
+
+def test_batch_script_of_a_multi_task_job_is_refused_with_the_fix() -> None:
+    # `python train.py` in an `#SBATCH --ntasks=2` script: rank 0 would wait for a rank 1
+    # that nothing starts. The batch script has SLURM_PROCID=0 but no SLURM_STEP_ID.
+    batch = {k: v for k, v in SLURM_ONE_TASK_PER_GPU.items() if k != "SLURM_STEP_ID"}
+    batch.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0")
+    with pytest.raises(ConfigError, match=r"SLURM_NTASKS=8 but .* job 4242's batch script.*srun"):
+        World.detect(environ=batch)
+    assert World.detect(environ={**batch, "SLURM_STEP_ID": "0"}).world_size == 8
+
+
+def test_batch_script_of_a_one_task_job_is_a_world_of_one() -> None:
+    env = {
+        "SLURM_JOB_ID": "9",
+        "SLURM_PROCID": "0",
+        "SLURM_NTASKS": "1",
+        "SLURM_JOB_NODELIST": "n1",
+    }
+    world = World.detect(environ=env)
+    assert (world.rank, world.world_size, world.launcher) == (0, 1, "slurm")
 
 
 def test_openmpi_ranks_on_one_node_meet_on_loopback() -> None:
