@@ -100,7 +100,7 @@ def test_scancel_leaves_a_checkpoint_a_resubmitted_job_resumes(
 ) -> None:
     checkpoints = tmp_path / "ck"
     script = ddpkit_slurm(cluster, tmp_path, *ONE_NODE_TWO_WORKERS, "examples/wine.py",
-                          "--epochs", "60", "--checkpoint-dir", str(checkpoints))  # fmt: skip
+                          "--epochs", "250", "--checkpoint-dir", str(checkpoints))  # fmt: skip
     job, output = submit(cluster, script, tmp_path)
     wait_for_line(output, "epoch 3/")
     assert cluster.command("scancel", str(job)).returncode == 0  # SIGTERM to every task
@@ -115,12 +115,12 @@ def test_scancel_leaves_a_checkpoint_a_resubmitted_job_resumes(
     info, again = run_job(cluster, script, tmp_path)  # the same script, submitted again
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), again
     assert f"ddpkit: resumed from {saved}" in again
-    assert "epoch 60/60" in again and "epoch 1/60" not in again
+    assert "epoch 250/250" in again and "epoch 1/250" not in again
 
 
 def test_requeue_on_75_resumes_in_the_same_job(cluster: SlurmCluster, tmp_path: Path) -> None:
     script = ddpkit_slurm(cluster, tmp_path, "--requeue", *ONE_NODE_TWO_WORKERS,
-                          "examples/wine.py", "--epochs", "60",
+                          "examples/wine.py", "--epochs", "250",
                           "--checkpoint-dir", str(tmp_path / "ck"))  # fmt: skip
     job, output = submit(cluster, script, tmp_path)
     wait_for_line(output, "epoch 3/")

@@ -1,0 +1,1 @@
+"""Tests under real cluster managers: a one-node SLURM cluster and mpirun."""
