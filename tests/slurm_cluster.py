@@ -137,14 +137,14 @@ class SlurmCluster:
 
     def processes(self) -> list[int]:
         """Pids of this cluster's daemons, stepds and job tasks (by config path in env/argv)."""
-        marks = (str(self.root).encode(),)
+        mark = str(self.root).encode()
         found = []
         for proc in Path("/proc").glob("[0-9]*"):
             try:
                 blob = (proc / "environ").read_bytes() + (proc / "cmdline").read_bytes()
             except OSError:  # ended while we looked, or not ours to read
                 continue
-            if any(mark in blob for mark in marks) and int(proc.name) != os.getpid():
+            if mark in blob and int(proc.name) != os.getpid():
                 found.append(int(proc.name))
         return found
 

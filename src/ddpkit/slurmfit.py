@@ -57,11 +57,12 @@ def parse_sinfo(text: str) -> list[NodeGroup]:
 
 def _gpus(gres: str) -> int:
     # gpu:4, gpu:a100:4, gpu:a100:4(S:0-1); other resources (mps:100) are not GPUs
-    counts = [item.split("(")[0].rsplit(":", 1)[-1] for item in gres.split(",")]
-    kinds = [item.split(":")[0] for item in gres.split(",")]
-    return sum(
-        int(n) for kind, n in zip(kinds, counts, strict=True) if kind == "gpu" and n.isdigit()
-    )
+    total = 0
+    for item in gres.split(","):
+        fields = item.split("(")[0].split(":")
+        if fields[0] == "gpu" and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
 
 
 def cluster_node_groups() -> list[NodeGroup] | None:
