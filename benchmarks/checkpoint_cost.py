@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ddpkit.checkpoint import atomic_write, load_checkpoint, save_checkpoint
-from ddpkit.integrity import content_digest
+from ddpkit.checkpoint.integrity import content_digest
 
 
 def model_and_adam_state(layers: int = 25) -> dict[str, Any]:

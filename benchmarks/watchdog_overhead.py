@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from parity import make_data, make_model
 
 import ddpkit
-from ddpkit.watchdog import DEFAULT_HANG_TIMEOUT_S, start_watchdog, stop_watchdog
+from ddpkit.runtime.watchdog import DEFAULT_HANG_TIMEOUT_S, start_watchdog, stop_watchdog
 
 
 def alternate(workload: str, rounds: int, batch: int) -> dict[str, list[float]]:

@@ -39,7 +39,7 @@ from torch.utils.data import default_collate
 
 import ddpkit
 from ddpkit.checkpoint import latest_checkpoint, list_checkpoints
-from ddpkit.initmethod import parse_init_method
+from ddpkit.env.initmethod import parse_init_method
 from imagefolder import SyntheticImages, check_layout, image_folders, torchvision
 from resnet import ARCHS, resnet
 

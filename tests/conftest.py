@@ -9,7 +9,9 @@ import pytest
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.envinfo import LAUNCHER_VARS  # torchrun's contract: must not leak into a test
+from ddpkit.tools.doctor.envinfo import (
+    LAUNCHER_VARS,  # torchrun's contract: must not leak into a test
+)
 
 # Scripts run under `ddpkit run` only; importing them (doctest collection) would start them.
 collect_ignore = ["scripts"]

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ddpkit
-import ddpkit.resume
+import ddpkit.train.resume
 
 
 def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
@@ -53,7 +53,7 @@ def sampler_indices(n: int, epochs: int) -> list[list[int]]:
     loader = ddpkit.prepare_loader(data, batch_size=3, shuffle=True)
     seen = []
     for epoch in range(epochs):
-        ddpkit.data.set_epoch(loader, epoch)
+        ddpkit.data.loader.set_epoch(loader, epoch)
         seen.append([int(i) for (batch,) in loader for i in batch])
     return seen
 
@@ -85,13 +85,13 @@ def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[st
     """Adam on the toy task with checkpoints; records which epochs this rank saved."""
     ddpkit.init(timeout=60)
     saved: list[int] = []
-    real_save = ddpkit.resume.save_checkpoint
+    real_save = ddpkit.train.resume.save_checkpoint
 
     def recording_save(state, where, epoch, step=None):  # observe this rank's writes
         saved.append(epoch)
         return real_save(state, where, epoch, step)
 
-    ddpkit.resume.save_checkpoint = recording_save  # type: ignore[assignment]
+    ddpkit.train.resume.save_checkpoint = recording_save  # type: ignore[assignment]
     model = ddpkit.prepare_model(toy_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every)

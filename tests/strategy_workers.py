@@ -13,7 +13,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 import ddpkit
-from ddpkit.startup import describe_training
+from ddpkit.train.startup import describe_training
 from mp_workers import crash_before_step, toy_dataset, toy_model
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -9,16 +9,8 @@ Example:
     >>> ddpkit.shutdown()
 """
 
-from ddpkit.collectives import (
-    all_reduce_mean,
-    all_reduce_sum,
-    barrier,
-    get_rank,
-    is_main,
-    print0,
-    rank_zero_only,
-)
-from ddpkit.data import BatchPlan, plan_batch, prepare_loader
+from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
+from ddpkit.env.world import World
 from ddpkit.errors import (
     CheckpointError,
     CollectiveMismatchError,
@@ -29,13 +21,21 @@ from ddpkit.errors import (
     ReplicaDivergenceError,
     WorkerFailedError,
 )
-from ddpkit.launch import spawn
-from ddpkit.rendezvous import current_world, init, shutdown
-from ddpkit.seeding import seed_everything
-from ddpkit.strategy import prepare_model, unwrap_model
-from ddpkit.trainer import Trainer
-from ddpkit.watchdog import watch
-from ddpkit.world import World
+from ddpkit.launch.launcher import spawn
+from ddpkit.parallel.strategy import prepare_model, unwrap_model
+from ddpkit.runtime.collectives import (
+    all_reduce_mean,
+    all_reduce_sum,
+    barrier,
+    get_rank,
+    is_main,
+    print0,
+    rank_zero_only,
+)
+from ddpkit.runtime.seeding import seed_everything
+from ddpkit.runtime.session import current_world, init, shutdown
+from ddpkit.runtime.watchdog import watch
+from ddpkit.train.trainer import Trainer
 
 __version__ = "0.1.0"
 

@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit import __version__
-from ddpkit.bench import BenchConfig, run_bench
-from ddpkit.benchreport import markdown_table, write_charts, write_results
-from ddpkit.doctor import add_doctor_command, run_doctor
+from ddpkit.env.slurm import slurm_nodes
 from ddpkit.errors import DdpkitError, PreemptedError, StoppedBySignalError, WorkerFailedError
-from ddpkit.launch import run_script
-from ddpkit.plan import LaunchPlan, plan_from_slurm
-from ddpkit.slurm import SbatchOptions, sbatch_script
-from ddpkit.slurmenv import slurm_nodes
-from ddpkit.slurmfit import check_fits, cluster_node_groups
-from ddpkit.verify import add_verify_command, run_verify_command
-from ddpkit.watchdog import HANG_TIMEOUT_ENV
+from ddpkit.launch.launcher import run_script
+from ddpkit.launch.plan import LaunchPlan, plan_from_slurm
+from ddpkit.runtime.watchdog import HANG_TIMEOUT_ENV
+from ddpkit.tools.bench.report import markdown_table, write_charts, write_results
+from ddpkit.tools.bench.runner import BenchConfig, run_bench
+from ddpkit.tools.doctor.command import add_doctor_command, run_doctor
+from ddpkit.tools.slurm.fit import check_fits, cluster_node_groups
+from ddpkit.tools.slurm.script import SbatchOptions, sbatch_script
+from ddpkit.tools.verify.runner import add_verify_command, run_verify_command
 
 
 def build_parser() -> argparse.ArgumentParser:

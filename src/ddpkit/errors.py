@@ -141,7 +141,7 @@ class NonFiniteLossError(DdpkitError, FloatingPointError):
 class PreemptedError(DdpkitError):
     """The workers were asked to stop (SIGTERM / SIGUSR1), saved a checkpoint and exited.
 
-    ``exitcode`` is :data:`ddpkit.preemption.PREEMPTED_EXIT_CODE` (75); running the same
+    ``exitcode`` is :data:`ddpkit.train.preemption.PREEMPTED_EXIT_CODE` (75); running the same
     command again resumes from the checkpoint.
 
     Example:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpkit.checkpoint import load_checkpoint
-from ddpkit.slurm import SbatchOptions, sbatch_script
+from ddpkit.tools.slurm.script import SbatchOptions, sbatch_script
 from launch_helpers import REPO, metric_lines
 from slurm_cluster import SlurmCluster
 

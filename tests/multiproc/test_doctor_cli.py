@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit import jobs
+from ddpkit.launch import jobs
 from launch_helpers import ddpkit_cli, processes_running
 
 pytestmark = [

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.bench import BenchConfig, RunRecord, command_for, oversubscription_warning, summarize
-from ddpkit.benchreport import write_charts, write_results
 from ddpkit.cli import build_parser, parse_bench
-from ddpkit.reporting import METRICS_ENV, read_reports, report
+from ddpkit.runtime.reporting import METRICS_ENV, read_reports, report
+from ddpkit.tools.bench.report import write_charts, write_results
+from ddpkit.tools.bench.runner import (
+    BenchConfig,
+    RunRecord,
+    command_for,
+    oversubscription_warning,
+    summarize,
+)
 
 
 def bench_args(*argv: str):

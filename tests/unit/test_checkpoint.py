@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpkit import CheckpointError
-from ddpkit.checkpoint import (
+from ddpkit.checkpoint.files import (
     Position,
     latest_checkpoint,
     list_checkpoints,

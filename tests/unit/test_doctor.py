@@ -15,11 +15,19 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpkit import ConfigError, envinfo, jobs, netcheck, preflight, probe
+from ddpkit import ConfigError
 from ddpkit.cli import build_parser, main
-from ddpkit.doctor import DoctorOptions, build_report, machine_checks, options_from_args, render
-from ddpkit.netcheck import Endpoint, check_master_port
-from ddpkit.preflight import FAIL, PASS, SKIP, WARN, Check
+from ddpkit.launch import jobs
+from ddpkit.tools.doctor import envinfo, netcheck, preflight, probe
+from ddpkit.tools.doctor.command import (
+    DoctorOptions,
+    build_report,
+    machine_checks,
+    options_from_args,
+    render,
+)
+from ddpkit.tools.doctor.netcheck import Endpoint, check_master_port
+from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check
 
 WINE_SETUP = {
     "kind": "setup",

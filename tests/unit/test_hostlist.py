@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddpkit import ConfigError
-from ddpkit.hostlist import expand_hostlist
+from ddpkit.env.hostlist import expand_hostlist
 
 
 @pytest.mark.parametrize(

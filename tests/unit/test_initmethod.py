@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from ddpkit import ConfigError, RendezvousError
-from ddpkit.initmethod import InitMethod, clear_stale_file_store, parse_init_method
-from ddpkit.world import World
+from ddpkit.env.initmethod import InitMethod, clear_stale_file_store, parse_init_method
+from ddpkit.env.world import World
 
 
 @pytest.mark.parametrize(
@@ -76,13 +76,15 @@ def test_under_torchs_agent_rank0_hosts_a_tcp_url_itself(
     kind: str, expected: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The agent's store is at MASTER_ADDR:MASTER_PORT; a tcp:// URL names another endpoint."""
-    import ddpkit.stores
+    import ddpkit.runtime.stores
 
     calls: list[str] = []
-    monkeypatch.setattr(ddpkit.stores, "_host_tcp_store", lambda *a: calls.append("host"))
-    monkeypatch.setattr(ddpkit.stores, "_connect_tcp_store", lambda *a: calls.append("connect"))
+    monkeypatch.setattr(ddpkit.runtime.stores, "_host_tcp_store", lambda *a: calls.append("host"))
+    monkeypatch.setattr(
+        ddpkit.runtime.stores, "_connect_tcp_store", lambda *a: calls.append("connect")
+    )
     world = World(rank=0, world_size=2, master_addr="127.0.0.1", master_port=29500,
                   launcher="torchrun", agent_store=True)  # fmt: skip
     method = InitMethod("tcp", host="127.0.0.1", port=23456) if kind == "tcp" else InitMethod("env")
-    ddpkit.stores.open_store(world, method, join_timeout=1)
+    ddpkit.runtime.stores.open_store(world, method, join_timeout=1)
     assert calls == [expected]

@@ -6,8 +6,8 @@ import pytest
 
 from ddpkit import ConfigError
 from ddpkit.cli import build_parser, launch_plan
-from ddpkit.plan import LaunchPlan, parse_nnodes, to_launch_config
-from ddpkit.slurmenv import slurm_nodes
+from ddpkit.env.slurm import slurm_nodes
+from ddpkit.launch.plan import LaunchPlan, parse_nnodes, to_launch_config
 
 SLURM_PER_NODE = {
     "SLURM_JOB_ID": "777",

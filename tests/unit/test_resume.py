@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint, parse_name, save_checkpoint
 from ddpkit.errors import CheckpointError, NonFiniteLossError
-from ddpkit.preemption import StopSignals
+from ddpkit.train.preemption import StopSignals
 from mp_workers import cpu_state, crash_before_step, toy_dataset
 
 

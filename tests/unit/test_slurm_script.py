@@ -9,8 +9,8 @@ import pytest
 
 from ddpkit import ConfigError
 from ddpkit.cli import main
-from ddpkit.slurm import SbatchOptions, sbatch_script
-from ddpkit.slurmfit import check_fits, parse_sinfo
+from ddpkit.tools.slurm.fit import check_fits, parse_sinfo
+from ddpkit.tools.slurm.script import SbatchOptions, sbatch_script
 
 
 def directives(text: str) -> dict[str, str]:

@@ -12,10 +12,15 @@ import torch.nn.functional as F
 import ddpkit
 from ddpkit import ConfigError
 from ddpkit.checkpoint import Position
+from ddpkit.checkpoint.sharded import (
+    SafeFileSystemReader,
+    load_sharded,
+    read_sharded_extra,
+    save_sharded,
+)
 from ddpkit.errors import CheckpointError
-from ddpkit.metrics import MetricSums
-from ddpkit.seeding import rank_seed
-from ddpkit.sharded import SafeFileSystemReader, load_sharded, read_sharded_extra, save_sharded
+from ddpkit.runtime.seeding import rank_seed
+from ddpkit.train.metrics import MetricSums
 from mp_workers import toy_dataset, toy_model
 
 

@@ -7,12 +7,12 @@ import torch
 from torch.utils.data import DistributedSampler, TensorDataset
 
 import ddpkit
-from ddpkit.coverage import count_coverage, describe_coverage
-from ddpkit.data import GlobalOrderSampler, reference_world_size
-from ddpkit.failures import summarize_mismatch
-from ddpkit.replicas import check_replicas, fingerprint
-from ddpkit.stepmonitor import env_int
-from ddpkit.verifyreport import compare_states, explained, findings, likely_causes
+from ddpkit.data.coverage import count_coverage, describe_coverage
+from ddpkit.data.loader import GlobalOrderSampler, reference_world_size
+from ddpkit.parallel.replicas import check_replicas, fingerprint
+from ddpkit.runtime.errorfile import summarize_mismatch
+from ddpkit.tools.verify.report import compare_states, explained, findings, likely_causes
+from ddpkit.train.monitor import env_int
 
 
 def record(**overrides: object) -> dict[str, object]:
@@ -176,7 +176,7 @@ def test_an_unsharded_sampler_is_a_cause() -> None:
 def test_recording_a_random_sampler_leaves_the_training_random_stream_alone(tmp_path) -> None:
     from torch.utils.data import DataLoader
 
-    from ddpkit.verifyrecord import Recorder
+    from ddpkit.tools.verify.recorder import Recorder
 
     ddpkit.init()
     loader = DataLoader(TensorDataset(torch.arange(10)), batch_size=2, shuffle=True)

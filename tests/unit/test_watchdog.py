@@ -11,8 +11,8 @@ import pytest
 from torch._C._distributed_c10d import HashStore, PrefixStore
 
 from ddpkit.errors import ConfigError
-from ddpkit.hangreport import compose_report, missing_ranks
-from ddpkit.watchdog import (
+from ddpkit.runtime.hangreport import compose_report, missing_ranks
+from ddpkit.runtime.watchdog import (
     HANG_EXIT_CODE,
     Watchdog,
     resolve_hang_timeout,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddpkit import ConfigError, World
-from ddpkit.world import choose_backend
+from ddpkit.env.world import choose_backend
 
 TORCHRUN = {
     "RANK": "3",

@@ -1,0 +1,40 @@
+"""Checkpoint files: named by position, written atomically, sealed with a checksum.
+
+This package's public face is the file API of :mod:`ddpkit.checkpoint.files`, re-exported
+here (``ddpkit.checkpoint.load_checkpoint`` and friends). Sharded FSDP checkpoints
+(:mod:`ddpkit.checkpoint.sharded`, torch's DCP) are imported only when an FSDP model is saved
+or resumed, so importing this package stays cheap.
+
+Example:
+    >>> import tempfile, torch
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = save_checkpoint({"epoch": 1, "w": torch.zeros(1)}, folder, epoch=1)
+    >>> parse_name(latest_checkpoint(folder).name)
+    Position(epoch=1, step=None)
+"""
+
+from ddpkit.checkpoint.files import (
+    INVALID_SUFFIX,
+    Position,
+    atomic_write,
+    checkpoint_name,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    parse_name,
+    prune_checkpoints,
+    save_checkpoint,
+)
+
+__all__ = [
+    "INVALID_SUFFIX",
+    "Position",
+    "atomic_write",
+    "checkpoint_name",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "parse_name",
+    "prune_checkpoints",
+    "save_checkpoint",
+]

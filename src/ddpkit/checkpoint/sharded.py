@@ -1,0 +1,218 @@
+"""Sharded checkpoints for FSDP models, written and read with torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards in parallel into one directory named by position
+(``epoch_000004.dcp``, ``epoch_000005_step_000412.dcp``); no rank ever holds the whole model.
+The directory is written under a temporary name and renamed by rank 0 once DCP has written
+its metadata (DCP fsyncs every file), so a crash mid-write leaves the previous checkpoint
+untouched. DCP reshards on load: a checkpoint saved by 4 ranks loads into 2. Non-tensor
+training state (epoch, metrics, scheduler) sits beside the shards in ``trainer.pt``, loaded
+with ``weights_only=True``, together with the SHA-256 of every shard file: on resume each
+rank checks its share of the files, so a damaged checkpoint is found before loading. DCP's
+own ``.metadata`` file is a pickle; ddpkit reads it with an unpickler that admits only DCP's
+metadata classes, so a tampered checkpoint cannot run code.
+
+Example:
+    >>> sharded_name(3)
+    'epoch_000003.dcp'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pickle
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from ddpkit.checkpoint.files import (
+    Position,
+    fsync_directory,
+    load_checkpoint,
+    remove_path,
+    save_sealed,
+)
+from ddpkit.checkpoint.integrity import file_digest
+from ddpkit.errors import CheckpointError
+from ddpkit.runtime.collectives import all_gather_rows, barrier, get_rank, is_main
+
+TRAINER_FILE = "trainer.pt"
+_METADATA_MODULE = "torch.distributed.checkpoint.metadata"
+_SAFE_GLOBALS = {
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+def sharded_name(epoch: int, step: int | None = None) -> str:
+    """Directory name of the sharded checkpoint at the end of ``epoch`` (or at ``step``).
+
+    Example:
+        >>> sharded_name(12)
+        'epoch_000012.dcp'
+    """
+    return Position(epoch, step).name(".dcp")
+
+
+def save_sharded(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    folder: str | os.PathLike[str],
+    position: Position,
+) -> Path:
+    """Collective: every rank writes its shards; returns the checkpoint directory.
+
+    ``extra`` (plain training state) goes into ``trainer.pt`` with the SHA-256 of every
+    shard file, each rank hashing its share of the files.
+
+    Example:
+        >>> save_sharded(model, opt, {"epoch": 2}, "runs/x", Position(2))  # doctest: +SKIP
+        PosixPath('runs/x/epoch_000002.dcp')
+    """
+    folder = Path(folder)
+    final = folder / position.name(".dcp")
+    staging = folder / f".{final.name}.tmp"
+    if is_main():
+        shutil.rmtree(staging, ignore_errors=True)  # left by a run that died mid-write
+        staging.mkdir(parents=True)
+    barrier()
+    model_state, optim_state = get_state_dict(model, optimizer)
+    with _single_process_is_intended():
+        dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=staging)
+    barrier()  # every shard and DCP's metadata are on disk
+    digests = _shard_digests(staging)
+    if is_main():
+        save_sealed({**extra, "files": digests}, staging / TRAINER_FILE)
+        remove_path(final)  # the same position saved again
+        os.replace(staging, final)
+        fsync_directory(folder)
+    barrier()
+    return final
+
+
+def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """This rank's check of a sharded checkpoint: ``trainer.pt`` and this rank's share of
+    the shard files against their digests. No collective, so a rank that finds damage can
+    say so without leaving the others waiting; the training state is returned.
+
+    Example:
+        >>> read_sharded_extra("runs/x/epoch_000002.dcp")["epoch"]  # doctest: +SKIP
+        2
+    """
+    path = Path(path)
+    extra = load_checkpoint(path / TRAINER_FILE)
+    recorded = extra.get("files") or {}
+    names = sorted(recorded)
+    for name in names[get_rank() :: _world_size()]:
+        actual = file_digest(path / name) if (path / name).is_file() else "missing"
+        if actual != recorded[name]:
+            raise CheckpointError(
+                f"sharded checkpoint {path} is damaged: {name} "
+                + ("is missing" if actual == "missing" else "does not match its checksum")
+            )
+    return extra
+
+
+def load_sharded(
+    model: nn.Module, optimizer: torch.optim.Optimizer, path: str | os.PathLike[str]
+) -> None:
+    """Collective: load the shards of ``path`` into ``model`` and ``optimizer``.
+
+    Example:
+        >>> load_sharded(fsdp_model, optimizer, "runs/x/epoch_000002.dcp")  # doctest: +SKIP
+    """
+    path = Path(path)
+    model_state, optim_state = get_state_dict(model, optimizer)  # templates to load into
+    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+    try:
+        with _single_process_is_intended():
+            dcp_load(state, storage_reader=SafeFileSystemReader(path))
+    except (RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as err:
+        raise CheckpointError(
+            f"sharded checkpoint {path} does not match this model/optimizer or is damaged: "
+            f"{str(err).strip()[:500]}"
+        ) from err
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+
+
+def _shard_digests(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file DCP wrote, the hashing shared out over the ranks (collective)."""
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != TRAINER_FILE)
+    world_size = _world_size()
+    mine = [bytes.fromhex(file_digest(folder / n)) for n in names[get_rank() :: world_size]]
+    rows = torch.tensor([list(d) for d in mine], dtype=torch.uint8).reshape(-1, 32)
+    digests = {}
+    for rank, block in enumerate(all_gather_rows(rows)):
+        for index, row in enumerate(block):
+            digests[names[rank + index * world_size]] = bytes(row.tolist()).hex()
+    return digests
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """DCP's file reader, with its metadata unpickled through an allow-list.
+
+    Example:
+        >>> reader = SafeFileSystemReader("runs/x/epoch_000002.dcp")  # doctest: +SKIP
+    """
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
+        except FileNotFoundError:
+            raise CheckpointError(f"{path} is missing: not a complete sharded checkpoint") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path} does not hold DCP metadata")
+        metadata.storage_meta = metadata.storage_meta or StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = getattr(torch, name, None) if module == "torch" else None
+        allowed = (
+            (module, name) in _SAFE_GLOBALS
+            or isinstance(dtype, torch.dtype)
+            or (module == _METADATA_MODULE and not name.startswith("__"))
+        )
+        if not allowed:
+            raise pickle.UnpicklingError(
+                f"refusing to load {module}.{name} from checkpoint metadata: only DCP metadata "
+                "classes are allowed (the file may have been tampered with)"
+            )
+        return super().find_class(module, name)
+
+
+@contextlib.contextmanager
+def _single_process_is_intended() -> Iterator[None]:
+    # Without a process group DCP warns that it assumes one process; in a world of one
+    # (loading an FSDP checkpoint for evaluation, say) that is exactly the intent.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield

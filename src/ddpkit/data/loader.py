@@ -1,0 +1,344 @@
+"""Sharded data loading: each rank sees its own part of every epoch.
+
+``prepare_loader`` always uses torch's ``DistributedSampler`` with the world's rank and size,
+a world of one included (then it is one shard holding everything), so the sample order
+depends only on the seed and the epoch, never on how many processes run. The Trainer calls
+``set_epoch`` each epoch, so shuffling changes per epoch without the user remembering it.
+
+Example:
+    >>> import torch, ddpkit
+    >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
+    >>> data = torch.utils.data.TensorDataset(torch.arange(10.0))
+    >>> loader = prepare_loader(data, batch_size=4, shuffle=False)
+    >>> [len(b[0]) for b in loader]
+    [4, 4, 2]
+    >>> ddpkit.shutdown()
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
+
+from ddpkit.errors import ConfigError
+from ddpkit.runtime.session import current_world
+from ddpkit.runtime.seeding import configured_seed, rank_seed
+from ddpkit._core.validate import check_choice, check_positive_int
+
+BATCH_POLICIES = ("per_device", "global")
+LR_SCALING = ("none", "linear", "sqrt")
+UNEVEN = ("pad", "drop")
+REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"
+
+
+def prepare_loader(
+    dataset: Dataset[Any],
+    batch_size: int | BatchPlan,
+    shuffle: bool = True,
+    *,
+    batch_policy: str = "per_device",
+    uneven: str = "pad",
+    seed: int | None = None,
+    **loader_kwargs: Any,
+) -> DataLoader[Any]:
+    """A DataLoader over this rank's shard of ``dataset``.
+
+    ``batch_policy="per_device"`` gives each rank ``batch_size`` samples per step (the global
+    batch grows with the world); ``"global"`` splits ``batch_size`` over the ranks (the global
+    batch stays what one process would use; it must divide). A :class:`BatchPlan` from
+    :func:`plan_batch` may be passed instead. ``shuffle`` reshuffles every epoch, seeded by
+    ``seed`` (default: the seed given to ``ddpkit.init``, else 0) + epoch, identically on all
+    ranks so shards never overlap. When the dataset does not divide by the world size,
+    ``uneven="pad"`` repeats a few samples so every rank has as many (evaluation leaves the
+    repeats out of its metrics); ``"drop"`` leaves the remainder out. Other keyword arguments
+    go to ``DataLoader`` (``num_workers``, ``collate_fn``, ``drop_last`` for a short last
+    batch, ...); its workers get per-rank seeds, so random augmentation differs per rank.
+
+    Example:
+        >>> import torch, ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> data = torch.utils.data.TensorDataset(torch.randn(8, 3))
+        >>> len(prepare_loader(data, batch_size=2))
+        4
+        >>> ddpkit.shutdown()
+    """
+    world = current_world()
+    plan = batch_size if isinstance(batch_size, BatchPlan) else plan_batch(batch_size, batch_policy)
+    _check_arguments(dataset, uneven, loader_kwargs)
+    seed = seed if seed is not None else (configured_seed() or 0)
+    shards = reference_world_size() or 1  # > 1 only in `ddpkit verify`'s reference run
+    sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else ResumableDistributedSampler)(
+        dataset,
+        num_replicas=shards if shards > 1 else world.world_size,
+        rank=world.rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=uneven == "drop",
+    )
+    loader_kwargs.setdefault("pin_memory", world.device.type == "cuda")
+    loader_kwargs.setdefault(
+        "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
+    )
+    batch = plan.per_device * shards
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, **loader_kwargs)
+    loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
+    return loader
+
+
+class ResumableDistributedSampler(DistributedSampler[Any]):
+    """torch's ``DistributedSampler`` whose epoch can begin part-way through (resume).
+
+    :meth:`start_at` skips the first samples of this rank's shard for the current epoch
+    only; ``set_epoch`` starts the next epoch from its beginning. The order, the shards and
+    ``len()`` (the whole epoch) are exactly DistributedSampler's, so a run resumed mid-epoch
+    reads the samples the interrupted run had not read yet, and nothing else.
+
+    Example:
+        >>> data = torch.utils.data.TensorDataset(torch.arange(6))
+        >>> sampler = ResumableDistributedSampler(data, num_replicas=2, rank=0, shuffle=False)
+        >>> sampler.start_at(1); list(sampler), len(sampler)
+        ([2, 4], 3)
+        >>> sampler.set_epoch(1); list(sampler)
+        [0, 2, 4]
+    """
+
+    def __init__(self, dataset: Dataset[Any], *args: Any, **kwargs: Any) -> None:
+        super().__init__(dataset, *args, **kwargs)
+        self.start = 0
+
+    def start_at(self, samples: int) -> None:
+        """Skip this rank's first ``samples`` samples of the current epoch."""
+        self.start = samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Begin ``epoch`` from its first sample, reshuffled as DistributedSampler does."""
+        super().set_epoch(epoch)
+        self.start = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(super().__iter__(), self.start, None)
+
+
+class GlobalOrderSampler(Sampler[int]):
+    """The order N ``DistributedSampler`` shards cover together, read by one process.
+
+    Rank r of N takes positions r, r+N, r+2N, ... of the shuffled (and padded) order, so at
+    step s the N ranks' batches of B together hold positions s*N*B .. (s+1)*N*B-1: exactly
+    what one process reading this order in batches of N*B sees. ``ddpkit verify``'s
+    single-process reference uses it to train on the same samples, step by step, as N ranks.
+
+    Example:
+        >>> data = torch.utils.data.TensorDataset(torch.arange(5))
+        >>> list(GlobalOrderSampler(data, num_replicas=2, rank=0, shuffle=False))
+        [0, 1, 2, 3, 4, 0]
+    """
+
+    deterministic = True  # iterating it twice gives the same order (the sampler check)
+
+    def __init__(self, dataset: Dataset[Any], num_replicas: int, rank: int = 0, **options: Any):
+        self.shards: list[DistributedSampler[Any]] = [
+            DistributedSampler(dataset, num_replicas=num_replicas, rank=r, **options)
+            for r in range(num_replicas)
+        ]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch``, as each shard would."""
+        for shard in self.shards:
+            shard.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[int]:
+        columns = [list(shard) for shard in self.shards]
+        return iter([column[j] for j in range(len(columns[0])) for column in columns])
+
+    def __len__(self) -> int:
+        return sum(len(shard) for shard in self.shards)
+
+
+def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """In ``ddpkit verify``'s single-process reference: the world size it stands in for.
+
+    Batches are then planned as for that many ranks and one process reads all their shards,
+    so its global batch, learning rate and sample order are those of the N-rank run.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> reference_world_size({"DDPKIT_VERIFY_AS_WORLD": "2"})
+        2
+        >>> ddpkit.shutdown()
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(REFERENCE_WORLD_ENV)
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{REFERENCE_WORLD_ENV}={raw!r} must be a positive integer")
+    if current_world().world_size != 1:
+        raise ConfigError(
+            f"{REFERENCE_WORLD_ENV} is set (by ddpkit verify, for its single-process "
+            f"reference) but this process is one of {current_world().world_size}; unset it"
+        )
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How a batch size is spread over the ranks, and the learning rate that goes with it.
+
+    ``base_batch`` is the batch one process would use (what the LR was tuned for);
+    ``global_batch`` is what one optimizer step sees over all ranks and micro-steps.
+
+    Example:
+        >>> BatchPlan(per_device=32, global_batch=64, base_batch=64, lr=0.1).describe()
+        'global batch 64 (32 per device), lr 0.1'
+    """
+
+    per_device: int
+    global_batch: int
+    base_batch: int
+    lr: float | None = None
+    policy: str = "per_device"
+    lr_scaling: str = "none"
+
+    def describe(self) -> str:
+        """One line for logs.
+
+        Example:
+            >>> BatchPlan(8, 16, 8).describe()
+            'global batch 16 (8 per device)'
+        """
+        text = f"global batch {self.global_batch} ({self.per_device} per device)"
+        return text + (f", lr {self.lr:g}" if self.lr is not None else "")
+
+
+def plan_batch(
+    batch_size: int,
+    policy: str = "per_device",
+    *,
+    accumulate: int = 1,
+    lr: float | None = None,
+    lr_scaling: str = "none",
+) -> BatchPlan:
+    """Split ``batch_size`` by ``policy`` and scale ``lr`` by ``lr_scaling`` for this world.
+
+    ``lr_scaling`` multiplies ``lr`` by the ratio of the global batch to ``batch_size``
+    (``"linear"``, Goyal et al.'s rule for SGD) or its square root (``"sqrt"``, often better
+    for Adam); ``"none"`` keeps it. With ``policy="global"`` the ratio is only ``accumulate``.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> plan_batch(32, "per_device", accumulate=4, lr=0.1, lr_scaling="linear")
+        BatchPlan(per_device=32, global_batch=128, base_batch=32, lr=0.4, policy='per_device',
+                  lr_scaling='linear')
+        >>> ddpkit.shutdown()
+    """
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("accumulate", accumulate)
+    check_choice("batch_policy", policy, BATCH_POLICIES)
+    check_choice("lr_scaling", lr_scaling, LR_SCALING)
+    world_size = reference_world_size() or current_world().world_size
+    if policy == "global" and batch_size % world_size:
+        raise ConfigError(
+            f"batch_policy='global' splits the batch of {batch_size} over {world_size} ranks, "
+            f"which does not divide; use a multiple of {world_size} (e.g. "
+            f"{batch_size + world_size - batch_size % world_size}) or batch_policy='per_device'"
+        )
+    per_device = batch_size // world_size if policy == "global" else batch_size
+    global_batch = per_device * world_size * accumulate
+    ratio = global_batch / batch_size
+    multiplier = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[lr_scaling]
+    scaled = None if lr is None else lr * multiplier
+    return BatchPlan(per_device, global_batch, batch_size, scaled, policy, lr_scaling)
+
+
+def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
+    """Tell the loader's sampler which epoch starts, so its shuffle differs per epoch.
+
+    Example:
+        >>> import torch
+        >>> loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))
+        >>> set_epoch(loader, 3)     # a plain sampler has nothing to set: no-op
+    """
+    set_sampler_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
+    if callable(set_sampler_epoch):
+        set_sampler_epoch(epoch)
+
+
+def real_samples_on_rank(loader: Any) -> int | None:
+    """How many of this rank's samples are real, not the sampler's padding (None: unknown).
+
+    DistributedSampler pads the global order by repeating its first indices at the end, so
+    rank r's real samples are its first ``len(range(r, N, W))``: shuffled or not.
+
+    Example:
+        >>> import torch
+        >>> data = torch.utils.data.TensorDataset(torch.zeros(7))
+        >>> sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=False)
+        >>> real_samples_on_rank(DataLoader(data, sampler=sampler)), len(sampler)
+        (3, 4)
+    """
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
+def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]) -> None:
+    if isinstance(dataset, IterableDataset):
+        raise ConfigError(
+            "prepare_loader needs a map-style dataset (with __len__ and __getitem__) to shard "
+            "it across ranks; an IterableDataset must shard itself using ddpkit.current_world()"
+        )
+    check_choice("uneven", uneven, UNEVEN)
+    for taken in ("sampler", "batch_sampler"):
+        if taken in loader_kwargs:
+            raise ConfigError(
+                f"prepare_loader sets the DataLoader's {taken} itself (it shards the data "
+                f"across ranks); drop {taken}= and use shuffle=True/False"
+            )
+    if len(dataset) == 0:  # type: ignore[arg-type]
+        raise ConfigError("the dataset is empty: nothing to train on")
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a batch: the first dimension of its first tensor.
+
+    Example:
+        >>> batch_size_of((torch.zeros(5, 3), torch.zeros(5)))
+        5
+    """
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_size_of(batch[0])
+    if isinstance(batch, dict) and batch:
+        return batch_size_of(next(iter(batch.values())))
+    raise ConfigError(f"cannot tell the batch size of a {type(batch).__name__}")
+
+
+def inputs_and_targets(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A ``(inputs, targets)`` batch on ``device``; anything else is refused by name.
+
+    Example:
+        >>> x, y = inputs_and_targets((torch.zeros(2, 3), torch.ones(2)), torch.device("cpu"))
+        >>> x.shape, y.shape
+        (torch.Size([2, 3]), torch.Size([2]))
+    """
+    if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+        raise ConfigError(
+            f"Trainer expects each batch to be (inputs, targets); got a {type(batch).__name__}"
+            + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
+        )
+    return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)

@@ -1,0 +1,3 @@
+"""The parent-process side: ``ddpkit run`` and ``ddpkit.spawn`` through torch's elastic
+launcher, launch plans, the loopback rendezvous, the worker bootstrap and lifeline, and
+reading worker failures. Never joins a process group; never imports worker-side layers."""

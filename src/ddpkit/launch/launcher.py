@@ -1,0 +1,240 @@
+"""Starting worker processes, through torch's elastic launcher.
+
+``run_script`` (behind ``ddpkit run``) and ``spawn`` (in Python) both build a torch
+``LaunchConfig`` and hand it to ``elastic_launch``: torch's agent creates, watches, restarts
+and stops the workers and publishes torchrun's environment contract to them. ddpkit chooses
+the rendezvous (see ``ddpkit.launch.plan``), sensible per-worker thread counts, ties each worker
+to the launcher's life (:mod:`ddpkit.launch.lifeline`), has torch's agent pass SIGUSR1 to the workers
+as it does SIGTERM (SLURM's warning before a time limit), and turns failures, preemptions and
+signals into short, typed errors.
+
+Example:
+    >>> import ddpkit
+    >>> def rank_times_ten():
+    ...     return ddpkit.init().rank * 10
+    >>> ddpkit.spawn(rank_times_ten, 2)  # doctest: +SKIP
+    [0, 10]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import elastic_launch
+
+from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
+from ddpkit.launch.lifeline import LAUNCHER_PID_ENV, Tied
+from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
+from ddpkit.runtime.errorfile import error_file_texts, root_cause
+from ddpkit.train.preemption import PREEMPTED_EXIT_CODE, preemption_message
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    *args: Any,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    master: str | None = None,
+) -> list[Any]:
+    """Run ``fn(*args)`` in ``nprocs`` worker processes on this node; results by local rank.
+
+    Each worker gets torchrun's environment, so ``ddpkit.init()`` inside ``fn`` joins the
+    group. Across machines, call it on every node with the same ``nnodes`` and ``master``
+    ("ADDR:PORT" of node 0) and this node's ``node_rank``; ranks follow the tutorials'
+    ``global_rank = node_rank * nprocs + local_rank``. ``fn`` and ``args`` must be picklable
+    (a module-level function). If a worker raises, :class:`WorkerFailedError` carries its
+    rank and traceback, and the other workers are stopped.
+
+    Example:
+        >>> ddpkit.spawn(train, 2, "runs/exp1")  # doctest: +SKIP
+        [None, None]
+        >>> ddpkit.spawn(train, 4, nnodes=2, node_rank=1, master="10.0.0.1:29500")  # doctest: +SKIP
+    """
+    plan = LaunchPlan(
+        nproc=nprocs,
+        nnodes=str(nnodes),
+        node_rank=node_rank if nnodes > 1 or master else None,
+        master=master,
+    )
+    _check_picklable(fn, args)
+    with _launch_scope(worker_env_defaults(plan)) as log_dir:
+        try:
+            results = elastic_launch(to_launch_config(plan, log_dir), Tied(fn))(*args)
+        except (ChildFailedError, SignalException) as err:
+            raise launch_outcome(err, log_dir) from None
+    first = node_rank * nprocs
+    return [results[first + local] for local in range(nprocs)]
+
+
+def run_script(
+    plan: LaunchPlan,
+    script: str,
+    script_args: list[str],
+    worker_env: Mapping[str, str] | None = None,
+) -> None:
+    """Launch ``python script *script_args`` as ``plan.nproc`` workers on this node.
+
+    Any torchrun-style script works unchanged: it sees RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, plus ``worker_env`` (settings the user
+    asked for, which win over the environment). Raises :class:`WorkerFailedError` when a
+    worker fails, :class:`PreemptedError` when the workers checkpointed and stopped on
+    SIGTERM / SIGUSR1, and :class:`StoppedBySignalError` when the launcher was interrupted.
+
+    Example:
+        >>> run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])  # doctest: +SKIP
+    """
+    path = check_script(script)
+    defaults = worker_env_defaults(plan)
+    _announce(plan, defaults)
+    with _launch_scope({**defaults, **(worker_env or {})}) as log_dir:
+        config = to_launch_config(plan, log_dir)
+        bootstrap = ("-u", "-m", "ddpkit.launch.worker", str(path))
+        try:
+            elastic_launch(config, sys.executable)(*bootstrap, *script_args)
+        except (ChildFailedError, SignalException) as err:
+            raise launch_outcome(err, log_dir) from None
+
+
+def launch_outcome(err: ChildFailedError | SignalException, log_dir: str) -> DdpkitError:
+    """What ended a launch, as ddpkit's error: a preemption, a signal, or a failed worker.
+
+    Example:
+        >>> launch_outcome(SignalException("", signal.SIGINT), "/nonexistent").exitcode
+        130
+    """
+    if isinstance(err, SignalException):
+        stops = [m for text in error_file_texts(log_dir) if (m := preemption_message(text))]
+        signal_name = signal.Signals(err.sigval).name
+        return PreemptedError(stops[0]) if stops else StoppedBySignalError(signal_name, err.sigval)
+    cause = root_cause(err, log_dir)
+    message = preemption_message(cause.detail)
+    if cause.exitcode == PREEMPTED_EXIT_CODE and message:
+        return PreemptedError(message)
+    return cause
+
+
+def check_script(script: str) -> Path:
+    """The script's path, or a ConfigError naming what is wrong with it.
+
+    Example:
+        >>> check_script("no/such/train.py")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: script no/such/train.py does not exist (looked in ...)
+    """
+    path = Path(script)
+    if not path.exists():
+        raise ConfigError(f"script {script} does not exist (looked in {Path.cwd()})")
+    if not path.is_file():
+        raise ConfigError(
+            f"script {script} is a {'directory' if path.is_dir() else 'special file'}"
+        )
+    return path
+
+
+def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
+    """Environment defaults for this node's workers; variables the user already set are kept.
+
+    OMP_NUM_THREADS splits the cores between workers (oversubscribed threads make CPU
+    training slower, not faster); on a one-node job GLOO_SOCKET_IFNAME keeps gloo's traffic
+    on loopback.
+
+    Example:
+        >>> defaults = worker_env_defaults(LaunchPlan(nproc=2))
+        >>> "OMP_NUM_THREADS" in defaults or "OMP_NUM_THREADS" in os.environ
+        True
+    """
+    defaults = {"OMP_NUM_THREADS": str(max(1, _usable_cores() // plan.nproc))}
+    loopback = _loopback_interface()
+    if loopback is not None and plan.mode == "local":
+        defaults["GLOO_SOCKET_IFNAME"] = loopback
+    return {k: v for k, v in defaults.items() if k not in os.environ}
+
+
+def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    # Workers are started with "spawn": fn and args travel pickled. A lambda or a nested
+    # function would otherwise fail inside the child with a long, unrelated traceback.
+    try:
+        pickle.dumps((fn, args))
+    except Exception as err:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise ConfigError(
+            f"spawn() sends {name} and its arguments to new processes by pickling, which "
+            f"failed ({err}); define the function at module level and pass picklable arguments"
+        ) from None
+
+
+@contextlib.contextmanager
+def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
+    """A temporary log folder for one launch, and the workers' environment around it.
+
+    Workers inherit ``env_values``. Our own environment and signal handlers are restored
+    entirely afterwards: torch's launcher also writes to the caller's environment
+    (TORCHELASTIC_*) and installs its own signal handlers, and an in-Python ``spawn`` must not
+    leave those behind in the user's process.
+    """
+    saved = dict(os.environ)
+    handlers = _signal_handlers()
+    os.environ.update(env_values)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
+            yield log_dir
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
+        for number, handler in handlers.items():  # torch's agent installs its own, for good
+            signal.signal(number, handler)
+
+
+def _signal_handlers() -> dict[signal.Signals, Any]:
+    """The caller's handlers for the signals torch's agent takes over (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    numbers = [getattr(signal, name, None) for name in FORWARDED_SIGNALS.split(",")]
+    found = {n: signal.getsignal(n) for n in numbers if n is not None}
+    return {n: handler for n, handler in found.items() if handler is not None}
+
+
+def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
+    chosen = ", ".join(f"{k}={v}" for k, v in sorted(defaults.items()))
+    where = {
+        "local": "",
+        "static": f", node {plan.node_rank} of {plan.nnodes} (master {plan.master})",
+        "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {run_id(plan)})",
+    }[plan.mode]
+    print(
+        f"ddpkit run: {plan.nproc} worker(s) on this node{where}"
+        + (f"; worker defaults {chosen} (set them to override)" if chosen else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _loopback_interface() -> str | None:
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)

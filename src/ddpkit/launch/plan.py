@@ -1,0 +1,200 @@
+"""From launcher flags to a torch ``LaunchConfig``: one node, static nodes, elastic nodes.
+
+- one node (default): ddpkit's loopback rendezvous, port chosen at bind time;
+- static multi-node (``--nnodes 2 --node-rank R --master ADDR:PORT``): torch's ``static``
+  rendezvous, the tutorials' MASTER_ADDR / MASTER_PORT / node_rank scheme;
+- dynamic / elastic (``--rdzv-endpoint HOST:PORT --rdzv-id ID --nnodes MIN:MAX``): torch's
+  ``c10d`` rendezvous; node ranks are assigned as nodes arrive.
+
+Every inconsistency is a ConfigError that shows the numbers.
+
+Example:
+    >>> LaunchPlan(nproc=4, nnodes="2", node_rank=1, master="10.0.0.1:29500").mode
+    'static'
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, replace
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.launcher.api import LaunchConfig
+
+from ddpkit.env.slurm import SlurmNodes
+from ddpkit.errors import ConfigError
+from ddpkit.launch.loopback import register_loopback_backend
+
+RDZV_TIMEOUT_S = 900  # how long nodes may take to join; torch's default
+# torch's agent catches these and stops its workers with the same signal; SIGUSR1 is added
+# so that SLURM's warning (--signal=USR1@S) reaches the workers instead of killing the agent.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What ``ddpkit run`` / ``ddpkit.spawn`` start, checked on construction.
+
+    Example:
+        >>> LaunchPlan(nproc=2).mode
+        'local'
+    """
+
+    nproc: int = 1
+    nnodes: str = "1"
+    node_rank: int | None = None
+    master: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    local_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        check_nproc(self.nproc)
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be >= 0 (got {self.max_restarts})")
+        if self.master and self.rdzv_endpoint:
+            raise ConfigError("pass --master (static) or --rdzv-endpoint (dynamic), not both")
+        _check_mode_flags(self, *parse_nnodes(self.nnodes))
+
+    @property
+    def mode(self) -> str:
+        """'local', 'static' or 'dynamic'."""
+        if self.master:
+            return "static"
+        return "dynamic" if self.rdzv_endpoint else "local"
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(min, max) number of nodes."""
+        return parse_nnodes(self.nnodes)
+
+
+def check_nproc(nproc: object) -> None:
+    """Reject a process count that cannot work, naming the value.
+
+    Example:
+        >>> check_nproc(0)
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: --nproc must be a positive integer (got 0)
+    """
+    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
+        raise ConfigError(f"--nproc must be a positive integer (got {nproc!r})")
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4) (elastic).
+
+    Example:
+        >>> parse_nnodes("1:4")
+        (1, 4)
+    """
+    low, _, high = str(text).partition(":")
+    try:
+        bounds = (int(low), int(high or low))
+    except ValueError:
+        raise ConfigError(f"--nnodes {text!r} is not N or MIN:MAX (like 2 or 1:4)") from None
+    if not 1 <= bounds[0] <= bounds[1]:
+        raise ConfigError(f"--nnodes {text!r} needs 1 <= MIN <= MAX")
+    return bounds
+
+
+def _check_mode_flags(plan: LaunchPlan, low: int, high: int) -> None:
+    if plan.mode == "static":
+        _parse_endpoint(plan.master, "--master")
+        if low != high:
+            raise ConfigError(
+                f"--nnodes {plan.nnodes} is elastic, which --master (static) cannot do; use "
+                "--rdzv-endpoint HOST:PORT --rdzv-id ID for an elastic job"
+            )
+        if plan.node_rank is None or not 0 <= plan.node_rank < low:
+            raise ConfigError(
+                f"--node-rank {plan.node_rank} is outside 0..{low - 1} (--nnodes {low}); "
+                "give each node its index, 0 on the master's node"
+            )
+    elif plan.mode == "dynamic":
+        _parse_endpoint(plan.rdzv_endpoint, "--rdzv-endpoint")
+        if plan.node_rank is not None:
+            raise ConfigError("--node-rank is for --master; --rdzv-endpoint assigns node ranks")
+    elif high > 1:
+        raise ConfigError(
+            f"--nnodes {plan.nnodes} needs to know where nodes meet: --master ADDR:PORT with "
+            "--node-rank (static), or --rdzv-endpoint HOST:PORT (dynamic)"
+        )
+
+
+def _parse_endpoint(text: str | None, flag: str) -> tuple[str, int]:
+    host, _, port = (text or "").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{flag} {text!r} is not HOST:PORT (like 10.0.0.1:29500)")
+    return host.strip("[]"), int(port)
+
+
+def plan_from_slurm(plan: LaunchPlan, job: SlurmNodes) -> LaunchPlan:
+    """Fill a plan from a SLURM step with one task per node (``srun ddpkit run``).
+
+    Example:
+        >>> job = SlurmNodes(nnodes=2, node_rank=1, ntasks=2, master_addr="n1", master_port=21000)
+        >>> plan_from_slurm(LaunchPlan(nproc=4), job).master
+        'n1:21000'
+    """
+    if job.ntasks != job.nnodes:
+        raise ConfigError(
+            f"this SLURM step has {job.ntasks} tasks on {job.nnodes} node(s); `ddpkit run` "
+            "wants one task per node (#SBATCH --ntasks-per-node=1) and starts the workers "
+            "itself. With one task per GPU, run `srun python train.py` instead."
+        )
+    if job.nnodes == 1:
+        return plan
+    master = f"{job.master_addr}:{job.master_port}"
+    return replace(plan, nnodes=str(job.nnodes), node_rank=job.node_rank, master=master)
+
+
+def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
+    """torch's LaunchConfig for ``plan``; ``log_dir`` receives the workers' error files.
+
+    Example:
+        >>> to_launch_config(LaunchPlan(nproc=2), "/tmp").rdzv_backend
+        'ddpkit-loopback'
+    """
+    low, high = plan.node_range
+    backend, endpoint, configs = _rendezvous(plan)
+    return LaunchConfig(
+        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        min_nodes=low,
+        max_nodes=high,
+        nproc_per_node=plan.nproc,
+        run_id=run_id(plan),
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs={"timeout": RDZV_TIMEOUT_S, **configs},
+        local_addr=plan.local_addr,
+        max_restarts=plan.max_restarts,
+        monitor_interval=0.1,
+        signals_to_handle=FORWARDED_SIGNALS,
+        start_method="spawn",
+    )
+
+
+def run_id(plan: LaunchPlan) -> str:
+    """The rendezvous id: shared by every node of a job, unique for a one-node job.
+
+    The agents of different nodes only meet under the same id (it prefixes their store
+    keys), so a multi-node default must be the same everywhere, as torchrun's is.
+
+    Example:
+        >>> run_id(LaunchPlan(nnodes="2", node_rank=0, master="h:1"))
+        'ddpkit'
+    """
+    if plan.rdzv_id:
+        return plan.rdzv_id
+    return f"ddpkit-{uuid.uuid4().hex[:12]}" if plan.mode == "local" else "ddpkit"
+
+
+def _rendezvous(plan: LaunchPlan) -> tuple[str, str, dict[str, object]]:
+    if plan.mode == "static":
+        return "static", str(plan.master), {"rank": plan.node_rank}
+    if plan.mode == "dynamic":
+        return "c10d", str(plan.rdzv_endpoint), {}
+    return register_loopback_backend(), "", {}

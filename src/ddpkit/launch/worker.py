@@ -1,0 +1,59 @@
+"""The first code of every worker ``ddpkit run`` starts: tie it to the launcher, run the script.
+
+The worker first ties its life to the launcher's (:mod:`ddpkit.launch.lifeline`), then runs the
+script as ``python script.py`` would: ``__main__``, ``sys.argv`` and ``sys.path[0]`` are the
+script's, and a traceback starts at the script's own frames. The package does not import
+this module, so ``python -m ddpkit.launch.worker`` runs it fresh.
+
+    python -m ddpkit.launch.worker train.py --epochs 10      # what each worker runs
+
+Example:
+    >>> _script_frames(None, "train.py") is None
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+from types import TracebackType
+
+from ddpkit.launch.lifeline import die_with_launcher
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``argv[0]`` as ``__main__`` with the rest as its arguments.
+
+    Example:
+        >>> main(["train.py", "--epochs", "3"])  # doctest: +SKIP
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        sys.exit("usage: python -m ddpkit.launch.worker SCRIPT [ARGS...]")
+    die_with_launcher()
+    script = args[0]
+    sys.argv = args
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:  # Ctrl-C reached the launcher, which says so once for all
+        sys.exit(128 + signal.SIGINT)
+    except BaseException as err:
+        # As `python script.py` does, but without this module's and runpy's frames on top.
+        sys.excepthook(type(err), err, _script_frames(err.__traceback__, script))
+        sys.exit(1)
+
+
+def _script_frames(tb: TracebackType | None, script: str) -> TracebackType | None:
+    start = tb
+    while start is not None and start.tb_frame.f_code.co_filename != script:
+        start = start.tb_next
+    return start or tb  # an error before the script's first line: keep everything
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Joining and leaving the job: the process group's init and teardown.
+
+``init()`` detects the world, joins the process group when a launcher started this process
+(env:// rendezvous through MASTER_ADDR/MASTER_PORT), pins the rank's device, and says once on
+rank 0 what it chose. ``shutdown()`` leaves; it is also registered to run at exit, so teardown
+happens even when training raises.
+
+Example:
+    >>> import ddpkit
+    >>> world = ddpkit.init()          # no launcher: a world of one, no process group
+    ddpkit: world size 1 ...
+    >>> world.world_size
+    1
+    >>> ddpkit.shutdown()
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import Store
+
+from ddpkit.env.initmethod import InitMethod, parse_init_method
+from ddpkit.env.world import World
+from ddpkit.errors import NotInitializedError, RendezvousError
+from ddpkit.runtime.errorfile import install_error_file_hook
+from ddpkit.runtime.errorhook import install_short_errors
+from ddpkit.runtime.seeding import forget_seed, seed_everything
+from ddpkit.runtime.stores import await_all_ranks, open_store
+from ddpkit.runtime.watchdog import resolve_hang_timeout, start_watchdog, stop_watchdog
+
+DEFAULT_TIMEOUT_S = 1800.0  # torch's own default for gloo; long collectives are legitimate
+LOCAL_JOIN_TIMEOUT_S = 30.0  # ranks on one machine start within seconds of each other
+REMOTE_JOIN_TIMEOUT_S = 300.0  # other machines may still be pulling images or data
+_LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+
+_current: World | None = None
+_atexit_registered = False
+
+
+def init(
+    backend: str | None = None,
+    timeout: float | timedelta = DEFAULT_TIMEOUT_S,
+    *,
+    init_method: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    join_timeout: float | None = None,
+    seed: int | None = None,
+    hang_timeout: float | None = None,
+) -> World:
+    """Join the job and return this process's :class:`World`.
+
+    Reads the launcher's environment (torchrun / ``ddpkit run``, SLURM, OpenMPI); with none,
+    this is a world of one and no process group is created. The tutorials' style works too:
+    ``init_method`` is ``env://``, ``tcp://HOST:PORT`` or ``file:///PATH`` with ``rank`` and
+    ``world_size`` given. ``backend`` defaults to nccl on CUDA and gloo otherwise.
+    ``join_timeout`` (seconds) bounds how long ranks wait for each other at start (default
+    30 on one machine, 300 across machines); ``timeout`` bounds every collective afterwards.
+    ``seed`` seeds every RNG identically on all ranks and is the base of the per-rank
+    augmentation streams (see :mod:`ddpkit.runtime.seeding`). ``hang_timeout`` (seconds; default
+    DDPKIT_HANG_TIMEOUT or 600, 0: off) bounds one step or collective: past it, every rank
+    reports what it is doing and the job exits (see :mod:`ddpkit.runtime.watchdog`). Calling it
+    again returns the same world.
+
+    Example:
+        >>> import ddpkit
+        >>> ddpkit.init().rank
+        ddpkit: world size 1 ...
+        0
+        >>> ddpkit.shutdown()
+    """
+    global _current
+    if _current is not None:
+        return _current
+    install_short_errors()  # a bad setting below ends the script with one clear message
+    if seed is not None:
+        seed_everything(seed)
+    method = parse_init_method(init_method) if init_method else None
+    world = _with_endpoint(World.detect(backend=backend, rank=rank, world_size=world_size), method)
+    if world.device.type == "cuda":
+        torch.cuda.set_device(world.device)
+    hang_timeout = resolve_hang_timeout(hang_timeout)  # a bad value fails before joining
+    store = None
+    if (world.is_launched or method is not None) and not dist.is_initialized():
+        method = method or InitMethod("env")
+        store = _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
+    start_watchdog(hang_timeout, world.rank, world.world_size, store)
+    _current = world
+    _register_teardown()
+    install_error_file_hook()  # so the launcher can name this rank if it fails
+    if world.is_main:
+        print(f"ddpkit: {world.describe()}{_backend_reason(backend, world)}", flush=True)
+    return world
+
+
+def shutdown() -> None:
+    """Leave the process group (if any) and forget the world. Safe to call twice.
+
+    Example:
+        >>> import ddpkit
+        >>> ddpkit.shutdown()
+    """
+    global _current
+    stop_watchdog()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _current = None
+    forget_seed()
+
+
+def current_world() -> World:
+    """The world set by ``ddpkit.init()``; raises :class:`NotInitializedError` before it.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> ddpkit.current_world().world_size
+        1
+        >>> ddpkit.shutdown()
+    """
+    if _current is None:
+        raise NotInitializedError(
+            "ddpkit.init() has not been called in this process: call it once at the start "
+            "of your script, before prepare_model / prepare_loader / Trainer"
+        )
+    return _current
+
+
+def world_or_none() -> World | None:
+    """The world if ``init()`` ran, else None (for helpers that work either way)."""
+    return _current
+
+
+def _join_process_group(
+    world: World, method: InitMethod, timeout: timedelta, join_timeout: float | None
+) -> Store:
+    join_s = join_timeout if join_timeout is not None else default_join_timeout(world, method)
+    where = method.path if method.kind == "file" else f"{world.master_addr}:{world.master_port}"
+    store = open_store(world, method, join_s)
+    await_all_ranks(store, world, join_s, str(where))
+    try:
+        dist.init_process_group(
+            backend=world.backend,
+            store=store,
+            rank=world.rank,
+            world_size=world.world_size,
+            timeout=timeout,
+        )
+    except (RuntimeError, ValueError) as err:  # DistStoreError / DistNetworkError subclass these
+        raise RendezvousError(
+            f"rank {world.rank} of {world.world_size} met its peers at {where} but the "
+            f"{world.backend} process group failed to start: {_first_line(err)}"
+        ) from err
+    return store
+
+
+def default_join_timeout(world: World, method: InitMethod) -> float:
+    """30 s when every rank is on this machine (loopback or a file), 300 s across machines.
+
+    Example:
+        >>> default_join_timeout(World(), InitMethod("file", path="/tmp/pg"))
+        30.0
+    """
+    local = method.kind == "file" or world.master_addr in _LOOPBACK_NAMES
+    return LOCAL_JOIN_TIMEOUT_S if local else REMOTE_JOIN_TIMEOUT_S
+
+
+def _with_endpoint(world: World, method: InitMethod | None) -> World:
+    """tcp:// names rank 0's address itself; record it in the world."""
+    if method is None or method.kind != "tcp":
+        return world
+    return dataclasses.replace(world, master_addr=method.host, master_port=method.port)
+
+
+def _backend_reason(requested: str | None, world: World) -> str:
+    if requested is not None:
+        return ""
+    return " (CUDA is available)" if world.device.type == "cuda" else " (no CUDA GPU visible)"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def _as_timedelta(timeout: float | timedelta) -> timedelta:
+    return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
+
+
+def _register_teardown() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_teardown_at_exit)
+        _atexit_registered = True
+
+
+def _teardown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception as err:  # exiting anyway; a failed teardown must not mask the real error
+        print(f"ddpkit: process group teardown failed at exit: {err}", file=sys.stderr)

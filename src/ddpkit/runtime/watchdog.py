@@ -1,0 +1,382 @@
+"""Hang watchdog: a stuck step or collective ends the job with a report, not a long silence.
+
+Each rank runs one daemon thread. The training thread marks what it is doing (a Trainer step
+and its phase, a ddpkit collective, any block under :func:`watch`), which costs an attribute
+write. When one activity outlasts the hang timeout, the rank that noticed raises an alarm in
+the job's rendezvous store; every rank whose watchdog can still run answers with its state
+(activity, for how long, progress, Python stack). The first rank to notice prints one report
+naming the ranks that never reached the call the others wait in (see
+:mod:`ddpkit.runtime.hangreport`), every rank dumps its threads' stacks with faulthandler, and all
+exit with :data:`HANG_EXIT_CODE`: the launcher stops the job instead of gloo waiting 30
+minutes. A rank frozen in native code with the GIL held cannot answer; faulthandler's own
+timer, which needs no Python thread, dumps its stacks and ends it a little later.
+
+The timeout applies to one step (data loading, forward, backward, optimizer) or one
+collective; it is generous by default (600 s, NCCL's own default) and set by
+``ddpkit.init(hang_timeout=S)`` or ``ddpkit run --hang-timeout S``; 0 turns the watchdog off.
+
+Example:
+    >>> with watch("loading the vocabulary"):   # no watchdog running: a no-op
+    ...     pass
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+from torch._C._distributed_c10d import PrefixStore, Store
+
+from ddpkit.errors import ConfigError
+from ddpkit.runtime.errorfile import record_failure
+from ddpkit.runtime.hangreport import State, compose_report, describe_activity
+
+HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long
+DEFAULT_HANG_TIMEOUT_S = 600.0
+HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"
+_STORE_OP_TIMEOUT_S = 5.0  # a store that does not answer must not freeze the watchdog too
+_BACKSTOP_MARGIN_S = 30.0
+_STACK_FRAMES = 8
+_LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+_ALARM, _REPORTER, _REPORTED = "alarm", "reporter", "reported"
+_STDERR_FD = 2  # the process's own stderr, which the launcher captures; not pytest's proxy
+
+_active: Watchdog | None = None
+
+
+@dataclass(frozen=True)
+class _Activity:
+    label: str
+    started: float  # time.monotonic()
+
+
+class Watchdog:
+    """One rank's hang watchdog; ``ddpkit.init`` starts it and ``ddpkit.shutdown`` stops it.
+
+    Example:
+        >>> dog = Watchdog(timeout_s=60, rank=0, world_size=1, store=None)
+        >>> previous = dog.begin("step 1: forward")
+        >>> dog.end(previous)
+        >>> dog.state()["last"], dog.progress
+        ('step 1: forward', 1)
+    """
+
+    def __init__(self, timeout_s: float, rank: int, world_size: int, store: Store | None):
+        self.timeout_s = timeout_s
+        self.rank = rank
+        self.world_size = world_size
+        self.poll_s = min(5.0, max(0.2, timeout_s / 10))
+        self.grace_s = max(3.0, 3 * self.poll_s)  # every live rank polls within this
+        self.progress = 0  # steps, phases and collectives entered; equal on ranks in step
+        self.exit: Callable[[int], Any] = os._exit  # tests replace it
+        self._store = store
+        self._activity: _Activity | None = None
+        self._last: str | None = None
+        self._training_thread = threading.get_ident()
+        self._backstop_armed = False
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
+
+    def begin(self, label: str) -> _Activity | None:
+        """Start timing ``label``; returns the enclosing activity for :meth:`end`."""
+        previous = self._activity
+        self.progress += 1
+        self._activity = _Activity(label, time.monotonic())
+        return previous
+
+    def relabel(self, label: str) -> None:
+        """A new phase of the current activity: its timer keeps running."""
+        current = self._activity
+        self.progress += 1
+        if current is not None:
+            self._activity = _Activity(label, current.started)
+
+    def end(self, previous: _Activity | None) -> None:
+        """The current activity finished; the enclosing one (if any) resumes."""
+        if self._activity is not None:
+            self._last = self._activity.label
+        self._activity = previous
+
+    def state(self) -> State:
+        """What this rank is doing now, as the report shows it (plain JSON data)."""
+        activity, now = self._activity, time.monotonic()
+        return {
+            "doing": activity.label if activity else None,
+            "for_s": round(now - activity.started, 1) if activity else None,
+            "last": self._last,
+            "progress": self.progress,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "stack": thread_stack(self._training_thread),
+        }
+
+    def start(self) -> Watchdog:
+        """Start the watchdog thread; returns self.
+
+        Example:
+            >>> dog = Watchdog(60, 0, 1, None).start(); dog.stop()
+        """
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and faulthandler's timer (the job is leaving normally)."""
+        self._stopped.set()
+        if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
+            self._thread.join(timeout=self.poll_s + _STORE_OP_TIMEOUT_S)
+        # After the join: a poll under way could otherwise arm the timer again, and it would
+        # end this process long after the job left.
+        if self._backstop_armed:  # leave a timer the user armed alone
+            with contextlib.suppress(Exception):
+                faulthandler.cancel_dump_traceback_later()
+            self._backstop_armed = False
+
+    def check_once(self) -> None:
+        """One look: answer another rank's alarm, or raise ours if an activity is too old."""
+        if self._store_call(lambda s: s.check([_ALARM]), default=False):
+            self._answer()
+            return
+        activity = self._activity
+        if activity is not None and time.monotonic() - activity.started > self.timeout_s:
+            self._report_hang()
+            return
+        limit = self.timeout_s + self.grace_s + _BACKSTOP_MARGIN_S
+        if self._stopped.is_set():  # stop() may be cancelling the timer right now
+            return
+        if activity is not None or self._backstop_armed:
+            self._backstop_armed = _arm_backstop(activity, limit)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped.wait(self.poll_s):
+                self.check_once()
+        except Exception as err:  # a broken watchdog must never take training down with it
+            print(f"ddpkit: hang watchdog stopped: {err!r}", file=sys.stderr, flush=True)
+
+    def _report_hang(self) -> None:
+        first = self._store_call(lambda s: s.add(_ALARM, 1), default=1) == 1
+        if not first:
+            self._answer()
+            return
+        self._store_call(lambda s: s.set(_REPORTER, str(self.rank)), default=None)
+        self._publish()
+        report = compose_report(self._collect(), self.world_size, self.rank, self.timeout_s)
+        # Under an elastic launcher the report reaches the user as the job's root cause.
+        shown = report.splitlines()[0] if "TORCHELASTIC_ERROR_FILE" in os.environ else report
+        print(f"ddpkit: {shown}", file=sys.stderr, flush=True)
+        _dump_all_stacks(self.rank)
+        record_failure(report.splitlines()[0], report)
+        self._store_call(lambda s: s.set(_REPORTED, "1"), default=None)
+        self._leave()
+
+    def _answer(self) -> None:
+        state = self._publish()
+        reporter = self._store_call(_reporter_of, default="another rank")
+        line = f"rank {self.rank}: hang reported by {reporter}; here: {describe_activity(state)}"
+        print(f"ddpkit: {line}", file=sys.stderr, flush=True)
+        _dump_all_stacks(self.rank)
+        record_failure(line, line)
+        deadline = timedelta(seconds=self.grace_s + 2 * self.poll_s)
+        self._store_call(lambda s: s.wait([_REPORTED], deadline), default=None)
+        self._leave()
+
+    def _publish(self) -> State:
+        state = self.state()
+        key, text = f"state/{self.rank}", json.dumps(state)
+        self._store_call(lambda s: s.set(key, text), default=None)
+        return state
+
+    def _collect(self) -> dict[int, State]:
+        """Every rank's state that arrives within the grace period (this rank's at least)."""
+        keys = [f"state/{rank}" for rank in range(self.world_size)]
+        deadline = time.monotonic() + self.grace_s
+        while time.monotonic() < deadline and not self._store_call(
+            lambda s: s.check(keys), default=True
+        ):
+            time.sleep(0.1)
+        states = {self.rank: self.state()}
+        for rank in range(self.world_size):
+            text = self._store_call(_state_reader(rank), default=None)
+            if text is not None and rank != self.rank:
+                states[rank] = json.loads(text)
+        return states
+
+    def _store_call(self, call: Callable[[Store], Any], default: Any) -> Any:
+        if self._store is None:
+            return default
+        try:
+            return call(self._store)
+        except Exception as err:  # store gone or slow: carry on with what this rank knows
+            print(f"ddpkit: hang watchdog: the store did not answer ({err})", file=sys.stderr)
+            self._store = None
+            return default
+
+    def _leave(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.exit(HANG_EXIT_CODE)
+
+
+def start_watchdog(
+    timeout_s: float | None, rank: int, world_size: int, store: Store | None
+) -> Watchdog | None:
+    """Start this process's watchdog (None when the timeout is 0: turned off).
+
+    ``store`` is the job's rendezvous store; the watchdog uses its own connection to it,
+    under a prefix per restart attempt so a restarted job never sees an old alarm.
+
+    Example:
+        >>> start_watchdog(0, rank=0, world_size=1, store=None) is None
+        True
+    """
+    global _active
+    stop_watchdog()
+    timeout = resolve_hang_timeout(timeout_s)
+    if timeout == 0:
+        return None
+    _active = Watchdog(timeout, rank, world_size, _own_connection(store)).start()
+    return _active
+
+
+def stop_watchdog() -> None:
+    """Stop the running watchdog, if any (``ddpkit.shutdown`` calls this).
+
+    Example:
+        >>> stop_watchdog()
+    """
+    global _active
+    if _active is not None:
+        _active.stop()
+        _active = None
+
+
+def current_watchdog() -> Watchdog | None:
+    """The running watchdog, or None.
+
+    Example:
+        >>> current_watchdog() is None
+        True
+    """
+    return _active
+
+
+@contextlib.contextmanager
+def watch(label: str) -> Iterator[None]:
+    """Time the block as one activity: past the hang timeout, the job reports and stops.
+
+    For hand-written loops: ``with ddpkit.watch(f"step {i}"): ...`` makes a stuck step end
+    the job with a hang report naming the ranks that are missing.
+
+    Example:
+        >>> with watch("step 1"):
+        ...     pass
+    """
+    dog = _active
+    if dog is None:
+        yield
+        return
+    previous = dog.begin(label)
+    try:
+        yield
+    finally:
+        dog.end(previous)
+
+
+def resolve_hang_timeout(value: float | None, environ: dict[str, str] | None = None) -> float:
+    """The hang timeout in seconds: ``value``, else DDPKIT_HANG_TIMEOUT, else 600.
+
+    Example:
+        >>> resolve_hang_timeout(None, {"DDPKIT_HANG_TIMEOUT": "30"})
+        30.0
+    """
+    env = os.environ if environ is None else environ
+    raw: object = value if value is not None else env.get(HANG_TIMEOUT_ENV, DEFAULT_HANG_TIMEOUT_S)
+    try:
+        timeout = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        timeout = -1.0
+    if not timeout >= 0:
+        source = "hang_timeout" if value is not None else HANG_TIMEOUT_ENV
+        raise ConfigError(f"{source} must be a number of seconds >= 0 (0: off); got {raw!r}")
+    return timeout
+
+
+def thread_stack(thread_id: int) -> list[str]:
+    """A thread's Python stack: the caller's own frames and the innermost one.
+
+    Frames inside torch and ddpkit are left out but for the innermost, so the user's line
+    that is waiting stays visible however deep the library call beneath it.
+
+    Example:
+        >>> thread_stack(threading.get_ident())[0].startswith("File ")
+        True
+    """
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return []
+    frames = traceback.extract_stack(frame)
+    own = [f for f in frames if not f.filename.startswith(_LIBRARY_DIRS)][-_STACK_FRAMES:]
+    if frames and (not own or own[-1] is not frames[-1]):
+        own.append(frames[-1])
+    return [line for f in own for line in (f'File "{f.filename}", line {f.lineno}, in {f.name}',
+                                           f"  {f.line}") if line.strip()]  # fmt: skip
+
+
+def _own_connection(store: Store | None) -> Store | None:
+    if store is None:
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    try:
+        connection = store.clone()  # type: ignore[attr-defined]
+        connection.set_timeout(timedelta(seconds=_STORE_OP_TIMEOUT_S))
+    except Exception:  # a store that cannot clone: share it (its calls are serialized)
+        connection = store
+    return PrefixStore(f"ddpkit/hang/{attempt}/", connection)
+
+
+def _state_reader(rank: int) -> Callable[[Store], str | None]:
+    return lambda store: _get_if_set(store, f"state/{rank}")
+
+
+def _reporter_of(store: Store) -> str:
+    text = _get_if_set(store, _REPORTER)
+    return f"rank {text}" if text is not None else "another rank"
+
+
+def _get_if_set(store: Store, key: str) -> str | None:
+    return bytes(store.get(key)).decode() if store.check([key]) else None
+
+
+def _arm_backstop(activity: _Activity | None, limit_s: float) -> bool:
+    """Arm (or, when idle, cancel) faulthandler's timer; True while it is armed.
+
+    It fires only if the watchdog thread stops running (the GIL held in native code) while
+    an activity is timed: it is re-armed every poll and cancelled when the rank is idle.
+    """
+    try:
+        if activity is None:
+            faulthandler.cancel_dump_traceback_later()
+            return False
+        left = limit_s - (time.monotonic() - activity.started)
+        faulthandler.dump_traceback_later(max(left, 1.0), exit=True, file=_STDERR_FD)
+        return True
+    except (ValueError, OSError, RuntimeError, AttributeError):
+        return False  # no usable stderr (an embedded interpreter): go without the backstop
+
+
+def _dump_all_stacks(rank: int) -> None:
+    with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
+        print(f"ddpkit: rank {rank}'s threads (faulthandler):", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=_STDERR_FD, all_threads=True)

@@ -1,0 +1,1 @@
+"""``ddpkit doctor``: the environment report, preflight checks, smoke test, short run."""

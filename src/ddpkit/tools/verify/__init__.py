@@ -1,0 +1,1 @@
+"""``ddpkit verify``: N workers against one process, step by step."""

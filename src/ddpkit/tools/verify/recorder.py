@@ -1,0 +1,203 @@
+"""What ``ddpkit verify`` records inside the script it runs (through the Trainer).
+
+``ddpkit verify`` runs the unchanged script twice, as N workers and as one process standing
+in for them (see :func:`ddpkit.data.loader.reference_world_size`), with ``DDPKIT_VERIFY_DIR`` set.
+Then this recorder notes, in each run: every rank's weights and random-generator state when
+``prepare_model`` is called (before DDP broadcasts rank 0's weights and hides a difference),
+the parameters before the first step and after the last, which samples each rank trained on
+and a fingerprint of each, the sampler's coverage of the first epoch, the replica checks,
+and the model's layers that make runs differ by design (BatchNorm, Dropout). Rank 0 writes
+``record.json`` and ``params.pt`` (tensors only); verify compares the two runs.
+
+Example:
+    >>> active_recorder({}) is None     # not under ddpkit verify
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpkit.data.coverage import listable, sampler_coverage
+from ddpkit.data.loader import batch_size_of, reference_world_size
+from ddpkit.parallel.fsdp import is_sharded
+from ddpkit.parallel.replicas import Divergence, fingerprint
+from ddpkit.parallel.strategy import unwrap_model
+from ddpkit.runtime.collectives import all_gather_rows, is_main
+from ddpkit.runtime.session import current_world
+from ddpkit.train.startup import setup_record, strategy_name
+
+VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"
+RECORD_FILE = "record.json"
+PARAMS_FILE = "params.pt"
+_MAX_SAMPLES = 4096  # fingerprinted samples per rank: enough to tell, small to gather
+
+_recorder: Recorder | None = None
+_looked = False
+
+
+def active_recorder(environ: Mapping[str, str] | None = None) -> Recorder | None:
+    """The recorder of this process when ``ddpkit verify`` started it, else None.
+
+    Example:
+        >>> active_recorder({"DDPKIT_VERIFY_DIR": "/tmp/v"}).out  # doctest: +SKIP
+        PosixPath('/tmp/v')
+    """
+    global _recorder, _looked
+    if environ is not None:
+        path = environ.get(VERIFY_DIR_ENV)
+        return Recorder(Path(path)) if path else None
+    if not _looked:
+        _looked = True
+        path = os.environ.get(VERIFY_DIR_ENV)
+        _recorder = Recorder(Path(path)) if path else None
+    return _recorder
+
+
+class Recorder:
+    """Collects one run's facts for ``ddpkit verify``; rank 0 writes them at the end.
+
+    Example:
+        >>> Recorder(Path("/tmp/verify-run")).finished
+        False
+    """
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.finished = False
+        self.build: dict[str, list[int]] = {}
+        self.setup: dict[str, Any] = {}
+        self.coverage: dict[str, Any] | None = None
+        self.replicas: dict[str, Any] = {"checked": [], "divergence": None}
+        self._initial: dict[str, torch.Tensor] = {}
+        self._samples: list[list[int]] = []  # [index, inputs hash, targets hash]
+        self._epoch_order: list[int] = []
+        self._position = 0
+
+    def model_built(self, model: nn.Module) -> None:
+        """Every rank's weights and RNG state as ``prepare_model`` received them."""
+        mine = torch.tensor([[_weights_fingerprint(model), _rng_fingerprint()]])
+        rows = torch.cat(all_gather_rows(mine)).tolist()
+        self.build = {"weights": [r[0] for r in rows], "rng": [r[1] for r in rows]}
+
+    def fit_started(self, trainer: Any, loader: Any) -> None:
+        """The set-up and the parameters before the first step."""
+        self.setup = {**setup_record(trainer, loader), **model_notes(trainer.model)}
+        self._initial = full_state(trainer.model)
+
+    def epoch_started(self, loader: Any) -> None:
+        """Check the first epoch's coverage; note this epoch's sample order."""
+        if self.coverage is None:
+            self.coverage = sampler_coverage(loader)
+        sampler = getattr(loader, "sampler", None)
+        self._epoch_order = list(sampler) if listable(sampler) else []  # type: ignore[arg-type]
+        self._position = 0
+
+    def batch_seen(self, batch: Any) -> None:
+        """Fingerprint each sample of a (inputs, targets) batch, by dataset index."""
+        n = batch_size_of(batch)
+        indices = self._epoch_order[self._position : self._position + n]
+        self._position += n
+        if len(indices) != n or len(self._samples) >= _MAX_SAMPLES:
+            return
+        inputs, targets = batch
+        for row, index in enumerate(indices):
+            self._samples.append([index, fingerprint(inputs[row]), fingerprint(targets[row])])
+
+    def replicas_checked(self, step: int, divergence: Divergence | None) -> None:
+        """Note a replica check; keep the first divergence."""
+        self.replicas["checked"].append(step)
+        if divergence is not None and self.replicas["divergence"] is None:
+            self.replicas["divergence"] = vars(divergence)
+
+    def finish(self, trainer: Any, steps: int) -> None:
+        """Gather and write the record (a collective; rank 0 writes). Only the first call."""
+        if self.finished:
+            return
+        self.finished = True
+        final = full_state(trainer.model)
+        samples = _gather_samples(self._samples)
+        if is_main():
+            self._write(steps, final, samples)
+
+    def _write(self, steps: int, final: dict[str, torch.Tensor], samples: dict[str, Any]) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        torch.save({"initial": self._initial, "final": final}, self.out / PARAMS_FILE)
+        record = {
+            "world_size": current_world().world_size,
+            "reference_for": reference_world_size(),
+            "steps": steps,
+            "setup": self.setup,
+            "build": self.build,
+            "coverage": self.coverage,
+            "replicas": self.replicas,
+            "samples": samples,
+        }
+        (self.out / RECORD_FILE).write_text(json.dumps(record, indent=1))
+
+
+def model_notes(model: nn.Module) -> dict[str, Any]:
+    """Layers that make N ranks differ from one process by design, and the determinism flag.
+
+    Example:
+        >>> model_notes(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)))["dropout"]
+        ['1']
+    """
+    module = unwrap_model(model)
+    batchnorm, dropout = [], []
+    for name, layer in module.named_modules():
+        synced = isinstance(layer, nn.SyncBatchNorm)
+        if isinstance(layer, nn.modules.batchnorm._BatchNorm) and not synced:
+            batchnorm.append(name)
+        if isinstance(layer, nn.modules.dropout._DropoutNd) and layer.p > 0:
+            dropout.append(name)
+    return {
+        "batchnorm": batchnorm,
+        "dropout": dropout,
+        "strategy": strategy_name(model),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state on CPU (on rank 0; under FSDP a collective that gathers it).
+
+    Example:
+        >>> sorted(full_state(nn.Linear(2, 1)))
+        ['bias', 'weight']
+    """
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+    else:
+        state = unwrap_model(model).state_dict()
+    return {name: t.detach().cpu().clone() for name, t in state.items() if torch.is_tensor(t)}
+
+
+def _weights_fingerprint(model: nn.Module) -> int:
+    return sum(fingerprint(p) for p in model.parameters()) % (1 << 63)
+
+
+def _rng_fingerprint() -> int:
+    return fingerprint(torch.get_rng_state())
+
+
+def _gather_samples(samples: list[list[int]]) -> dict[str, list[int]]:
+    mine = torch.tensor(samples, dtype=torch.int64).reshape(-1, 3)
+    rows = torch.cat(all_gather_rows(mine)).tolist()
+    found: dict[str, list[int]] = {}
+    for index, inputs_hash, targets_hash in rows:
+        found.setdefault(str(index), [inputs_hash, targets_hash])
+    return found

@@ -1,0 +1,275 @@
+"""``ddpkit verify``: prove that N workers compute what one process computes, or say why not.
+
+The unchanged script runs twice for K optimizer steps: as one process that reads, at each
+step, exactly the samples the N ranks read together (the reference), and as N workers under
+``ddpkit run``. Both record what they did through the Trainer (see
+:mod:`ddpkit.tools.verify.recorder`); :mod:`ddpkit.tools.verify.report` compares the records and the
+parameters. On a parameter mismatch with no cause in the records, the reference runs once
+more: if it disagrees with itself, the script is not deterministic to begin with.
+
+Example:
+    $ ddpkit verify examples/wine.py --workers 2 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddpkit.data.loader import REFERENCE_WORLD_ENV
+from ddpkit.errors import ConfigError, DdpkitError
+from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
+from ddpkit.launch.launcher import check_script
+from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE, VERIFY_DIR_ENV
+from ddpkit.tools.verify.report import (
+    Finding,
+    TensorDiff,
+    compare_states,
+    default_tolerances,
+    explained,
+    findings,
+    likely_causes,
+)
+from ddpkit.train.monitor import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
+
+DEFAULT_STEPS = 10
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """What to verify and how strictly (None tolerances: by the run's precision).
+
+    Example:
+        >>> VerifyConfig("train.py", workers=4).steps
+        10
+    """
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    workers: int = 2
+    steps: int = DEFAULT_STEPS
+    rtol: float | None = None
+    atol: float | None = None
+    check_every: int = 1
+    out: Path | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run's record and model states (``initial``, ``final``)."""
+
+    record: dict[str, Any]
+    states: dict[str, dict[str, torch.Tensor]]
+
+
+def verify(config: VerifyConfig) -> tuple[bool, str]:
+    """Run both sides and judge; returns (passed, the report text).
+
+    Example:
+        >>> verify(VerifyConfig("examples/wine.py"))  # doctest: +SKIP
+        (True, 'ddpkit verify: examples/wine.py, 2 workers vs 1 process, ...')
+    """
+    check_script(config.script)
+    with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as scratch:
+        out = config.out or Path(scratch)
+        reference = run_side(config, out / "reference", workers=1)
+        workers = run_side(config, out / f"workers{config.workers}", workers=config.workers)
+        return judge(config, reference, workers, out)
+
+
+def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tuple[bool, str]:
+    """Compare the runs; on an unexplained mismatch, rerun the reference to test determinism.
+
+    Example:
+        >>> judge(config, reference, workers, Path("/tmp/v"))  # doctest: +SKIP
+    """
+    precision = run.record["setup"].get("precision", "fp32")
+    rtol, atol = _tolerances(config, precision)
+    final = compare_states(run.states["final"], ref.states["final"], rtol, atol)
+    initial = compare_states(run.states["initial"], ref.states["initial"], rtol, atol)
+    checks = findings(run.record, ref.record, initial, final, f"rtol {rtol:g} + atol {atol:g}")
+    passed = all(check.ok for check in checks)
+    causes = likely_causes(run.record, ref.record, initial, None) if not passed else []
+    if not passed and not explained(causes):
+        again = run_side(config, out / "reference-again", workers=1)
+        rerun = compare_states(again.states["final"], ref.states["final"], 0.0, 0.0)
+        causes = likely_causes(run.record, ref.record, initial, max(d.max_abs for d in rerun))
+    return passed, _report(config, run, checks, final, causes, passed)
+
+
+def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
+    """One side: the reference (``workers=1``) or the N workers; its record, or a clear error.
+
+    Example:
+        >>> run_side(config, Path("/tmp/v/reference"), workers=1).record["steps"]  # doctest: +SKIP
+        10
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {VERIFY_DIR_ENV: str(folder.resolve()), MAX_STEPS_ENV: str(config.steps)}
+    if workers == 1:  # one process standing in for the N workers
+        env[REFERENCE_WORLD_ENV] = str(config.workers)
+        command = [sys.executable, config.script, *config.script_args]
+    else:
+        env[CHECK_REPLICAS_ENV] = str(config.check_every)
+        command = ddpkit_run_command(workers, config.script, list(config.script_args))
+    name = "the single-process reference" if workers == 1 else f"the {workers}-worker run"
+    print(f"ddpkit verify: running {name} ({config.steps} steps)...", file=sys.stderr, flush=True)
+    outcome = run_command(command, env, config.timeout_s)
+    (folder / "output.log").write_text(outcome.output)
+    return _load(folder, outcome, name)
+
+
+def _load(folder: Path, outcome: Outcome, name: str) -> RunResult:
+    failure = outcome.failure(name)
+    if failure is not None:
+        raise DdpkitError(failure)
+    if not (folder / RECORD_FILE).is_file():
+        raise DdpkitError(
+            f"{name} finished but recorded nothing: verify follows training through "
+            "ddpkit.Trainer (with ddpkit.prepare_model and prepare_loader); a script that "
+            "trains in its own loop cannot be verified this way"
+        )
+    record = json.loads((folder / RECORD_FILE).read_text())
+    states = torch.load(folder / PARAMS_FILE, map_location="cpu", weights_only=True)
+    return RunResult(record, states)
+
+
+def _tolerances(config: VerifyConfig, precision: str) -> tuple[float, float]:
+    rtol, atol = default_tolerances(precision)
+    return (
+        config.rtol if config.rtol is not None else rtol,
+        config.atol if config.atol is not None else atol,
+    )
+
+
+def _report(
+    config: VerifyConfig,
+    run: RunResult,
+    checks: list[Finding],
+    final: list[TensorDiff],
+    causes: list[str],
+    passed: bool,
+) -> str:
+    lines = [
+        f"ddpkit verify: {config.script}, {config.workers} workers vs 1 process, "
+        f"{config.steps} optimizer steps"
+    ]
+    lines += [f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<15} {c.text}" for c in checks]
+    if passed:
+        lines.append(f"PASS: {config.workers} workers computed what one process computes")
+        return "\n".join(lines)
+    bad = [d for d in final if not d.ok]
+    if bad:
+        lines += ["worst tensors after the last step:", *(d.row() for d in bad[:6])]
+    lines.append("FAIL: likely causes, most specific first:" if causes else "FAIL")
+    for number, cause in enumerate(causes, 1):
+        lines.append(
+            textwrap.fill(cause, 100, initial_indent=f"  {number}. ", subsequent_indent="     ")
+        )
+    if not causes:
+        lines.append("  no known cause: rerun with --steps 1 to see whether it starts at once")
+    return "\n".join(lines)
+
+
+def add_verify_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``verify`` on the ``ddpkit`` command's subparsers.
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_verify_command(parser.add_subparsers(dest="command"))
+        >>> parser.parse_args(["verify", "--workers", "4", "t.py"]).workers
+        4
+    """
+    verify_ = commands.add_parser(
+        "verify",
+        help="prove N workers compute what 1 process computes (or show why not)",
+        description="Run SCRIPT for K optimizer steps as N workers and as one process with "
+        "the same global batch, seed and samples; compare every tensor, the sampler's "
+        "coverage and the replicas. Exit code 0 on PASS, 1 on FAIL. verify's own options "
+        "may come before or after SCRIPT; everything else (and all after --) is the script's.",
+    )
+    _add_verify_options(verify_, None)
+    verify_.add_argument("script", help="the training script (trains with ddpkit.Trainer)")
+    verify_.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
+
+
+def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    def pick(value: Any) -> Any:
+        return value if default is None else default
+
+    parser.add_argument("--workers", type=int, default=pick(2), metavar="N",
+                        help="workers to compare with one process (default: 2)")  # fmt: skip
+    parser.add_argument("--steps", type=int, default=pick(DEFAULT_STEPS), metavar="K",
+                        help=f"optimizer steps to compare (default: {DEFAULT_STEPS})")  # fmt: skip
+    parser.add_argument("--rtol", type=float, default=pick(None),
+                        help="relative tolerance (default: 1e-4 fp32, 2e-2 bf16/fp16)")  # fmt: skip
+    parser.add_argument("--atol", type=float, default=pick(None),
+                        help="absolute tolerance (default: 1e-6 fp32, 1e-3 bf16/fp16)")  # fmt: skip
+    parser.add_argument("--check-every", type=int, default=pick(1), metavar="M",
+                        help="compare the replicas every M steps (default: 1)")  # fmt: skip
+    parser.add_argument("--out", default=pick(None),
+                        help="keep both runs' records and logs in this folder")  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=pick(DEFAULT_TIMEOUT_S), metavar="S",
+                        help="seconds each run may take (default: 600)")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> VerifyConfig:
+    """The parsed flags as a :class:`VerifyConfig` (verify's options may follow SCRIPT).
+
+    Example:
+        >>> parser = argparse.ArgumentParser()
+        >>> add_verify_command(parser.add_subparsers(dest="command"))
+        >>> args = parser.parse_args(["verify", "t.py", "--lr", "1", "--steps", "3"])
+        >>> config_from_args(args).steps, config_from_args(args).script_args
+        (3, ('--lr', '1'))
+    """
+    late = argparse.ArgumentParser(add_help=False)
+    _add_verify_options(late, argparse.SUPPRESS)
+    script_args = list(args.script_args)
+    cut = script_args.index("--") if "--" in script_args else len(script_args)
+    found, unknown = late.parse_known_args(script_args[:cut])
+    merged = {**vars(args), **vars(found)}
+    _check_counts(merged)
+    return VerifyConfig(
+        script=args.script,
+        script_args=tuple(unknown + script_args[cut + 1 :]),
+        workers=merged["workers"],
+        steps=merged["steps"],
+        rtol=merged["rtol"],
+        atol=merged["atol"],
+        check_every=merged["check_every"],
+        out=Path(merged["out"]) if merged["out"] else None,
+        timeout_s=merged["timeout"],
+    )
+
+
+def run_verify_command(args: argparse.Namespace) -> int:
+    """Entry of ``ddpkit verify``: prints the report; 0 on PASS, 1 on FAIL.
+
+    Example:
+        >>> run_verify_command(args)  # doctest: +SKIP
+        0
+    """
+    passed, text = verify(config_from_args(args))
+    print(text)
+    return 0 if passed else 1
+
+
+def _check_counts(values: dict[str, Any]) -> None:
+    if values["workers"] < 2:
+        raise ConfigError(
+            f"--workers must be at least 2 to compare with one process (got {values['workers']})"
+        )
+    for flag in ("steps", "check_every"):
+        if values[flag] < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {values[flag]})")

@@ -1,0 +1,128 @@
+"""Mixed precision for the Trainer: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast +
+gradient scaling).
+
+bf16 keeps fp32's exponent range, so it needs no loss scaling and runs on CPU and GPU alike.
+fp16 underflows small gradients unless the loss is scaled up before ``backward`` and the
+gradients scaled back down before the step, which torch's ``GradScaler`` does (skipping steps
+whose gradients overflowed); its kernels are GPU-only. Parameters stay fp32 either way: only
+the forward's matrix products run in 16 bits.
+
+Example:
+    >>> mp = MixedPrecision("bf16", torch.device("cpu"))
+    >>> with mp.autocast():
+    ...     (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from ddpkit._core.validate import check_choice
+from ddpkit.errors import ConfigError
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+class MixedPrecision:
+    """Autocast context, scaled backward and scaled optimizer step for one precision.
+
+    Example:
+        >>> mp = MixedPrecision("fp32", torch.device("cpu"))
+        >>> mp.scaler is None
+        True
+    """
+
+    def __init__(self, precision: str, device: torch.device, *, sharded: bool = False) -> None:
+        _check_supported(precision, device)
+        self.precision = precision
+        self.device = device
+        self.scaler = _grad_scaler(device, sharded) if precision == "fp16" else None
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context the forward pass and the loss run under.
+
+        Example:
+            >>> with MixedPrecision("fp32", torch.device("cpu")).autocast():
+            ...     pass
+        """
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        dtype = torch.bfloat16 if self.precision == "bf16" else torch.float16
+        return torch.autocast(self.device.type, dtype=dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, with the loss scaled first under fp16.
+
+        Example:
+            >>> w = torch.ones(2, requires_grad=True)
+            >>> MixedPrecision("fp32", torch.device("cpu")).backward((w * 3).sum())
+            >>> w.grad
+            tensor([3., 3.])
+        """
+        (self.scaler.scale(loss) if self.scaler else loss).backward()  # type: ignore[no-untyped-call]
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring the gradients back to their true size (before clipping them).
+
+        Example:
+            >>> MixedPrecision("fp32", torch.device("cpu")).unscale(optimizer)  # doctest: +SKIP
+        """
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``; under fp16 skipped when gradients overflowed, scale updated.
+
+        Example:
+            >>> MixedPrecision("fp32", torch.device("cpu")).step(optimizer)  # doctest: +SKIP
+        """
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The grad scaler's state (empty without one), for checkpoints.
+
+        Example:
+            >>> MixedPrecision("bf16", torch.device("cpu")).state_dict()
+            {}
+        """
+        return self.scaler.state_dict() if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output.
+
+        Example:
+            >>> MixedPrecision("bf16", torch.device("cpu")).load_state_dict({})
+        """
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
+
+
+def _grad_scaler(device: torch.device, sharded: bool) -> torch.amp.GradScaler:
+    # With sharded gradients each rank sees only its shard, so whether any gradient overflowed
+    # must be agreed over all ranks (an all-reduce), or ranks would skip different steps.
+    if sharded:
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)
+
+
+def _check_supported(precision: str, device: torch.device) -> None:
+    check_choice("precision", precision, PRECISIONS)
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError(
+            f'precision="fp16" needs a CUDA device (its loss scaling is GPU-only); this rank '
+            f'runs on {device}. Use precision="bf16" on CPU.'
+        )
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError(
+            f'precision="bf16" is not supported by {torch.cuda.get_device_name(device)}; '
+            'use precision="fp16" (with loss scaling) on this GPU'
+        )

@@ -1,0 +1,135 @@
+"""How far training is through the current epoch, so a checkpoint taken part-way resumes there.
+
+An epoch's position is the number of batches each rank has finished, its metric sums so far,
+and the loader's random generator as the epoch began (the DataLoader draws its workers' seeds
+from it when an epoch's iteration starts). A resumed epoch sets the same epoch on the sampler,
+puts the generator back, starts the sampler after the batches already done (a
+:class:`~ddpkit.data.loader.ResumableDistributedSampler` skips them without reading them; other
+loaders read and drop them), and restores the rank's random generators just before its first
+new batch. The epoch then ends as the uninterrupted one would: same samples, same draws, same
+metric totals.
+
+Example:
+    >>> import torch, ddpkit
+    >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
+    >>> data = torch.utils.data.TensorDataset(torch.arange(8.0))
+    >>> loader = ddpkit.prepare_loader(data, batch_size=2, shuffle=False)
+    >>> progress = EpochProgress(0, loader)
+    >>> progress.batches = 3              # three batches were done before the interruption
+    >>> [b[0].tolist() for b in progress.batches_from(loader)]
+    [[6.0, 7.0]]
+    >>> ddpkit.shutdown()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ddpkit.checkpoint.rngstate import restore_rng
+from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
+from ddpkit.runtime.collectives import all_reduce_sum, is_main
+from ddpkit.runtime.session import current_world
+from ddpkit.train.metrics import MetricSums
+
+
+class EpochProgress:
+    """One epoch in progress on this rank: batches done, metric sums, elapsed time.
+
+    Example:
+        >>> EpochProgress(4, loader=[]).epoch  # doctest: +SKIP
+        4
+    """
+
+    def __init__(self, epoch: int, loader: Any) -> None:
+        self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
+        self.batches = 0
+        self.sums = MetricSums(current_world().device)
+        self.generator_state = loader_generator_state(loader)  # before this epoch draws from it
+        self.rng: dict[str, Any] | None = None  # restored just before the first new batch
+        self._elapsed_before = 0.0
+        self._started = time.perf_counter()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds spent in this epoch, before an interruption included."""
+        return self._elapsed_before + time.perf_counter() - self._started
+
+    def batches_from(self, loader: Any) -> Iterator[Any]:
+        """The epoch's batches from where it stands."""
+        set_epoch(loader, self.epoch)
+        generator = getattr(loader, "generator", None)
+        if isinstance(generator, torch.Generator) and self.generator_state is not None:
+            generator.set_state(self.generator_state)
+        iterator = skip_batches(loader, self.batches)
+        if self.rng is not None:
+            restore_rng(self.rng)
+            self.rng = None
+        return iterator
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position, with the metric sums summed over ranks (a collective).
+
+        Example:
+            >>> sorted(progress.state_dict())  # doctest: +SKIP
+            ['batches', 'classifier', 'elapsed_s', 'epoch', 'metric_sums', 'top5']
+        """
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "metric_sums": all_reduce_sum(self.sums.sums).cpu(),
+            "classifier": self.sums.classifier,
+            "top5": self.sums.top5,
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved position; the summed metrics go to rank 0 alone, so the
+        epoch's totals count them once.
+
+        Example:
+            >>> progress.load_state_dict(checkpoint["progress"])  # doctest: +SKIP
+        """
+        self.epoch = int(state["epoch"])
+        self.batches = int(state["batches"])
+        if is_main():
+            self.sums.sums += state["metric_sums"].to(self.sums.sums)
+        self.sums.classifier = state["classifier"]
+        self.sums.top5 = bool(state.get("top5", False))
+        self._elapsed_before = float(state["elapsed_s"])
+
+
+def loader_generator_state(loader: Any) -> torch.Tensor | None:
+    """The state of the loader's own random generator, or None when it has none.
+
+    Example:
+        >>> loader_generator_state([1, 2]) is None
+        True
+    """
+    generator = getattr(loader, "generator", None)
+    return generator.get_state() if isinstance(generator, torch.Generator) else None
+
+
+def skip_batches(loader: Any, count: int) -> Iterator[Any]:
+    """An iterator over ``loader`` that starts after its first ``count`` batches.
+
+    With ddpkit's sampler the skipped samples are never read; otherwise they are loaded and
+    dropped, which gives the same order when the loader's order is fixed for the epoch.
+
+    Example:
+        >>> list(skip_batches([10, 20, 30], 2))
+        [30]
+    """
+    sampler = getattr(loader, "sampler", None)
+    per_batch = getattr(loader, "batch_size", None)
+    if isinstance(sampler, ResumableDistributedSampler) and per_batch:
+        sampler.start_at(count * per_batch)
+        count = 0  # the sampler leaves them out: nothing to read
+    iterator: Iterator[Any] = iter(loader)
+    for _ in range(count):
+        next(iterator, None)
+    return iterator

@@ -1,0 +1,248 @@
+"""The Trainer's checkpoints: when to write them, what they hold, and resuming from them.
+
+A checkpoint is written every ``save_every`` epochs, every ``save_every_steps`` optimizer
+steps, at the end of ``fit``, and when a preemption signal asks the job to stop. It holds the
+model, optimizer, scheduler, grad scaler, epoch, step and metrics history; taken part-way
+through an epoch, also the position in it (:mod:`ddpkit.train.progress`); and every rank's random
+generators, gathered to the writer, so each rank takes its own back. After a write is durable
+only the newest ``keep_last`` checkpoints are kept.
+
+Resuming takes the newest checkpoint that every rank can load and whose checksum matches. A
+truncated, corrupted or unsafe one is reported, renamed ``*.invalid`` and the previous one is
+used; if none is usable the run stops instead of starting over. A checkpoint of a different
+model (another job sharing the folder) is refused with the differences named.
+
+Example:
+    >>> Checkpointer("runs/x", save_every=None, save_every_steps=100, keep_last=3).folder
+    PosixPath('runs/x')
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ddpkit._core.validate import check_positive_int
+from ddpkit.checkpoint.files import (
+    Position,
+    list_checkpoints,
+    load_checkpoint,
+    parse_name,
+    prune_checkpoints,
+    quarantine,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.checkpoint.sharded import load_sharded, read_sharded_extra, save_sharded
+from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.parallel.fsdp import is_sharded
+from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main, print0
+from ddpkit.runtime.session import current_world
+from ddpkit.train.preemption import exit_preempted
+from ddpkit.train.progress import EpochProgress, loader_generator_state
+from ddpkit.train.signature import check_same_model, model_signature
+
+
+class Checkpointer:
+    """Writes and resumes the Trainer's checkpoints in ``folder``.
+
+    Example:
+        >>> Checkpointer("runs/x", 5, None, None).save_every
+        5
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        save_every: int | None,
+        save_every_steps: int | None,
+        keep_last: int | None,
+    ) -> None:
+        self.folder = Path(folder)
+        self.save_every = save_every
+        self.save_every_steps = save_every_steps
+        self.keep_last = keep_last
+        self._owed = False  # a step checkpoint the epoch's end writes instead
+
+    @classmethod
+    def configured(
+        cls,
+        folder: str | os.PathLike[str] | None,
+        save_every: int | None,
+        save_every_steps: int | None,
+        keep_last: int | None,
+    ) -> Checkpointer | None:
+        """The Trainer's options checked: a Checkpointer, or None without a folder.
+
+        Example:
+            >>> Checkpointer.configured(None, None, None, 3) is None
+            True
+            >>> Checkpointer.configured(None, 5, None, 3)
+            Traceback (most recent call last):
+            ...
+            ddpkit.errors.ConfigError: save_every needs a checkpoint_dir to save into
+        """
+        for name, value in (("save_every", save_every), ("save_every_steps", save_every_steps)):
+            if value is not None:
+                check_positive_int(name, value)
+                if folder is None:
+                    raise ConfigError(f"{name} needs a checkpoint_dir to save into")
+        if keep_last is not None:
+            check_positive_int("keep_last", keep_last)
+        return None if folder is None else cls(folder, save_every, save_every_steps, keep_last)
+
+    def step_done(
+        self, trainer: Any, progress: EpochProgress, stop: str | None, last: bool
+    ) -> None:
+        """After an optimizer step: the periodic checkpoint, or the last one before stopping.
+
+        On the epoch's ``last`` batch the epoch's end writes it instead: the same weights,
+        with the epoch's metrics, in one write.
+        """
+        every = self.save_every_steps
+        due = every is not None and trainer.step % every == 0
+        if last and not stop:
+            self._owed = self._owed or due
+        elif due or stop:
+            path = self.save(trainer, progress.generator_state, progress)
+            if stop:
+                exit_preempted(stop, _position(trainer, progress).describe(), path)
+
+    def epoch_done(self, trainer: Any, loader: Any, epochs: int, stop: str | None) -> None:
+        """After an epoch: periodic, final, owed by the last step, or stopping."""
+        every = self.save_every
+        periodic = (every is not None and trainer.epoch % every == 0) or self._owed
+        self._owed = False
+        if periodic or trainer.epoch == epochs or stop:
+            # The loader's generator is now as the next epoch will find it.
+            path = self.save(trainer, loader_generator_state(loader), None)
+            if stop:
+                exit_preempted(stop, _position(trainer, None).describe(), path)
+
+    def save(
+        self, trainer: Any, generator_state: torch.Tensor | None, progress: EpochProgress | None
+    ) -> Path:
+        """Write a checkpoint at the trainer's position (a collective); returns its path."""
+        position = _position(trainer, progress)
+        mine = {"rng": capture_rng(), "loader_generator": generator_state}
+        extra = {
+            "progress": progress.state_dict() if progress is not None else None,
+            "ranks": gather_from_ranks(mine),
+            "model_signature": model_signature(trainer.model),
+        }
+        if is_sharded(trainer.model):  # every rank writes its shards
+            state = {**trainer.state_dict(weights=False), **extra}
+            path = save_sharded(trainer.model, trainer.optimizer, state, self.folder, position)
+        else:  # replicas are identical under DDP: one writer is enough
+            path = self.folder / position.name()
+            if is_main():
+                state = {**trainer.state_dict(), **extra}
+                save_checkpoint(state, self.folder, position.epoch, position.step)
+        if is_main():
+            print(f"ddpkit: saved {path}", flush=True)
+            if self.keep_last is not None:
+                prune_checkpoints(self.folder, self.keep_last)  # only after the new one is durable
+        return path
+
+    def resume(self, trainer: Any, loader: Any) -> EpochProgress | None:
+        """Load the newest usable checkpoint into ``trainer``; the epoch's position, if any.
+
+        A collective: every rank loads the same checkpoint.
+        """
+        if is_main():
+            remove_stale_temporaries(self.folder)  # no rank is writing yet
+        barrier()
+        candidates = list_checkpoints(self.folder)
+        for path in reversed(candidates):
+            _check_format(path, trainer.model)
+            state = self._load_agreed(path)
+            if state is not None:
+                return self._continue_from(path, state, trainer, loader)
+        if candidates:
+            raise CheckpointError(
+                f"none of the {len(candidates)} checkpoint(s) in {self.folder} could be "
+                "loaded (see the warnings above); move them away to start from scratch"
+            )
+        return None
+
+    def _load_agreed(self, path: Path) -> dict[str, Any] | None:
+        """The state of ``path`` if every rank loaded and checked it, else None (reported)."""
+        try:
+            state: dict[str, Any] | None = _read(path)
+            problem = ""
+        except CheckpointError as err:
+            state, problem = None, str(err)
+        if all_reduce_max(torch.tensor([float(state is None)])).item() == 0:
+            return state
+        if problem:
+            world = current_world()
+            who = f"rank {world.rank}: " if world.world_size > 1 else ""
+            print(f"ddpkit: warning: {who}skipping {path}: {problem}", file=sys.stderr, flush=True)
+        barrier()  # every rank is done with the file before it is renamed
+        if is_main() and path.exists():
+            print0(f"ddpkit: kept it as {quarantine(path).name}; resuming from an older one")
+        return None
+
+    def _continue_from(
+        self, path: Path, state: dict[str, Any], trainer: Any, loader: Any
+    ) -> EpochProgress:
+        check_same_model(state.get("model_signature"), trainer.model, path)
+        if path.suffix == ".dcp":
+            load_sharded(trainer.model, trainer.optimizer, path)
+        trainer.load_state_dict(state)
+        progress = _restored_progress(state, trainer, loader, path)
+        where = parse_name(path.name)
+        print0(f"ddpkit: resumed from {path}" + (f" ({where.describe()})" if where else ""))
+        return progress
+
+
+def _check_format(path: Path, model: Any) -> None:
+    # A refusal, not a damaged file: the checkpoint is fine, the model is not the one for it.
+    if path.suffix != ".dcp" and is_sharded(model):
+        raise CheckpointError(
+            f"{path} is a whole-model checkpoint but this model is sharded (FSDP); resume "
+            "it with the strategy that wrote it, or start a new checkpoint_dir"
+        )
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """Load and check this rank's part of a checkpoint; no collective (a rank may fail)."""
+    if path.suffix == ".dcp":
+        return read_sharded_extra(path)
+    return load_checkpoint(path, map_location=current_world().device)
+
+
+def _restored_progress(
+    state: dict[str, Any], trainer: Any, loader: Any, path: Path
+) -> EpochProgress:
+    """The first epoch to run after resuming, with this rank's generators to restore."""
+    progress = EpochProgress(trainer.epoch, loader)
+    world = current_world()
+    ranks = state.get("ranks")
+    if not ranks:  # written before ddpkit saved random state: as it always resumed
+        return progress
+    saved_by = len(ranks)
+    if saved_by != world.world_size:
+        print0(
+            f"ddpkit: {path.name} was written by {saved_by} rank(s) and this run has "
+            f"{world.world_size}: random streams start afresh"
+            + (" and the interrupted epoch restarts" if state.get("progress") else "")
+        )
+        return progress
+    mine = ranks[world.rank]
+    progress.rng = mine["rng"]
+    progress.generator_state = mine["loader_generator"]
+    if state.get("progress") is not None:
+        progress.load_state_dict(state["progress"])
+    return progress
+
+
+def _position(trainer: Any, progress: EpochProgress | None) -> Position:
+    if progress is None:
+        return Position(trainer.epoch)
+    return Position(trainer.epoch + 1, trainer.step)
