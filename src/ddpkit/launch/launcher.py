@@ -4,7 +4,7 @@
 ``LaunchConfig`` and hand it to ``elastic_launch``: torch's agent creates, watches, restarts
 and stops the workers and publishes torchrun's environment contract to them. ddpkit chooses
 the rendezvous (see ``ddpkit.launch.plan``), sensible per-worker thread counts, ties each worker
-to the launcher's life (:mod:`ddpkit.launch.lifeline`), has torch's agent pass SIGUSR1 to the workers
+to the launcher's life (:mod:`ddpkit.launch.lifeline`), has torch's agent pass SIGUSR1 to workers
 as it does SIGTERM (SLURM's warning before a time limit), and turns failures, preemptions and
 signals into short, typed errors.
 
