@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+from ddpkit._core.protocol import PREEMPTED_EXIT_CODE
+
 
 class DdpkitError(Exception):
     """Base class of every error ddpkit raises on purpose.
@@ -141,7 +143,7 @@ class NonFiniteLossError(DdpkitError, FloatingPointError):
 class PreemptedError(DdpkitError):
     """The workers were asked to stop (SIGTERM / SIGUSR1), saved a checkpoint and exited.
 
-    ``exitcode`` is :data:`ddpkit.train.preemption.PREEMPTED_EXIT_CODE` (75); running the same
+    ``exitcode`` is :data:`ddpkit._core.protocol.PREEMPTED_EXIT_CODE` (75); running the same
     command again resumes from the checkpoint.
 
     Example:
@@ -149,7 +151,7 @@ class PreemptedError(DdpkitError):
         75
     """
 
-    exitcode = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, try again
+    exitcode = PREEMPTED_EXIT_CODE  # EX_TEMPFAIL (sysexits.h): a temporary failure, try again
 
 
 class StoppedBySignalError(DdpkitError):

@@ -20,8 +20,8 @@ import torch
 
 import ddpkit
 import mp_workers
+from ddpkit._core.protocol import PREEMPTED_EXIT_CODE
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint
-from ddpkit.train.preemption import PREEMPTED_EXIT_CODE
 from launch_helpers import REPO, ddpkit_cli, processes_running
 
 pytestmark = pytest.mark.multiproc

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.cli import build_parser, parse_bench
-from ddpkit.runtime.reporting import METRICS_ENV, read_reports, report
+from ddpkit.cli import build_parser, parse
+from ddpkit.reporting import METRICS_ENV, read_reports, report
 from ddpkit.tools.bench.report import write_charts, write_results
 from ddpkit.tools.bench.runner import (
     BenchConfig,
@@ -20,7 +20,7 @@ from ddpkit.tools.bench.runner import (
 
 
 def bench_args(*argv: str):
-    return parse_bench(["bench", *argv])
+    return parse(["bench", *argv])
 
 
 def test_bench_options_may_follow_the_script_and_the_rest_goes_to_it() -> None:

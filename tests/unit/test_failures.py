@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddpkit.runtime.errorfile import is_echo, root_cause
+from ddpkit.launch.failures import is_echo, root_cause
 
 ECHO = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
 

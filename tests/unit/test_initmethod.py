@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from ddpkit import ConfigError, RendezvousError
-from ddpkit.env.initmethod import InitMethod, clear_stale_file_store, parse_init_method
+from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import World
+from ddpkit.runtime.stores import clear_stale_file_store
 
 
 @pytest.mark.parametrize(

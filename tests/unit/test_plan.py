@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ddpkit import ConfigError
-from ddpkit.cli import build_parser, launch_plan
+from ddpkit.cli import build_parser
 from ddpkit.env.slurm import slurm_nodes
+from ddpkit.launch.command import launch_plan
 from ddpkit.launch.plan import LaunchPlan, parse_nnodes, to_launch_config
 
 SLURM_PER_NODE = {
@@ -55,7 +56,7 @@ def test_dynamic_elastic_nodes() -> None:
             r"--node-rank 2 is outside 0\.\.1",
         ),
         (["--nnodes", "1:2", "--node-rank", "0", "--master", "h:1"], "is elastic"),
-        (["--nnodes", "2", "--node-rank", "0", "--master", "h"], "is not HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "0", "--master", "h"], "is not ADDR:PORT"),
         (["--nnodes", "0"], "1 <= MIN <= MAX"),
         (["--nnodes", "3:2"], "1 <= MIN <= MAX"),
         (["--nnodes", "two"], "is not N or MIN:MAX"),

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 from torch._C._distributed_c10d import HashStore, PrefixStore
 
+from ddpkit._core.protocol import HANG_EXIT_CODE
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.hangreport import compose_report, missing_ranks
 from ddpkit.runtime.watchdog import (
-    HANG_EXIT_CODE,
     Watchdog,
     resolve_hang_timeout,
     start_watchdog,

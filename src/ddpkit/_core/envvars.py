@@ -1,4 +1,4 @@
-"""Reading launchers' environment variables, with errors that name the variable.
+"""Reading environment variables, with errors that name the variable.
 
 Example:
     >>> int_var({"WORLD_SIZE": "4"}, "WORLD_SIZE")
@@ -7,6 +7,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from ddpkit.errors import ConfigError
@@ -28,3 +29,22 @@ def int_var(env: Mapping[str, str], name: str, default: int | None = None) -> in
         return int(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def positive_int_var(name: str, environ: Mapping[str, str] | None = None) -> int | None:
+    """A positive integer setting from the environment, or None when unset or empty.
+
+    Example:
+        >>> positive_int_var("DDPKIT_MAX_STEPS", {"DDPKIT_MAX_STEPS": "20"})
+        20
+        >>> positive_int_var("DDPKIT_MAX_STEPS", {"DDPKIT_MAX_STEPS": "0"})
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: DDPKIT_MAX_STEPS='0' must be a positive integer
+    """
+    raw = (os.environ if environ is None else environ).get(name)
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{name}={raw!r} must be a positive integer")
+    return int(raw)

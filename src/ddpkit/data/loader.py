@@ -28,6 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
+from ddpkit._core.envvars import positive_int_var
+from ddpkit._core.protocol import REFERENCE_WORLD_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.seeding import configured_seed, rank_seed
@@ -36,7 +38,6 @@ from ddpkit._core.validate import check_choice, check_positive_int
 BATCH_POLICIES = ("per_device", "global")
 LR_SCALING = ("none", "linear", "sqrt")
 UNEVEN = ("pad", "drop")
-REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"
 
 
 def prepare_loader(
@@ -177,18 +178,15 @@ def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None
         2
         >>> ddpkit.shutdown()
     """
-    env = os.environ if environ is None else environ
-    raw = env.get(REFERENCE_WORLD_ENV)
-    if raw is None:
+    size = positive_int_var(REFERENCE_WORLD_ENV, environ)
+    if size is None:
         return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{REFERENCE_WORLD_ENV}={raw!r} must be a positive integer")
     if current_world().world_size != 1:
         raise ConfigError(
             f"{REFERENCE_WORLD_ENV} is set (by ddpkit verify, for its single-process "
             f"reference) but this process is one of {current_world().world_size}; unset it"
         )
-    return int(raw)
+    return size
 
 
 @dataclass(frozen=True)

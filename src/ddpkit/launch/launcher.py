@@ -22,7 +22,6 @@ import contextlib
 import os
 import pickle
 import signal
-import socket
 import sys
 import tempfile
 import threading
@@ -34,11 +33,13 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+from ddpkit._core.log import command_logger
+from ddpkit._core.protocol import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
+from ddpkit._core.system import loopback_interface, usable_cores
 from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
-from ddpkit.launch.lifeline import LAUNCHER_PID_ENV, Tied
+from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
+from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
-from ddpkit.runtime.errorfile import error_file_texts, root_cause
-from ddpkit.train.preemption import PREEMPTED_EXIT_CODE, preemption_message
 
 
 def spawn(
@@ -157,8 +158,8 @@ def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
         >>> "OMP_NUM_THREADS" in defaults or "OMP_NUM_THREADS" in os.environ
         True
     """
-    defaults = {"OMP_NUM_THREADS": str(max(1, _usable_cores() // plan.nproc))}
-    loopback = _loopback_interface()
+    defaults = {"OMP_NUM_THREADS": str(max(1, usable_cores() // plan.nproc))}
+    loopback = loopback_interface()
     if loopback is not None and plan.mode == "local":
         defaults["GLOO_SOCKET_IFNAME"] = loopback
     return {k: v for k, v in defaults.items() if k not in os.environ}
@@ -217,24 +218,7 @@ def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
         "static": f", node {plan.node_rank} of {plan.nnodes} (master {plan.master})",
         "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {run_id(plan)})",
     }[plan.mode]
-    print(
-        f"ddpkit run: {plan.nproc} worker(s) on this node{where}"
-        + (f"; worker defaults {chosen} (set them to override)" if chosen else ""),
-        file=sys.stderr,
-        flush=True,
+    command_logger("run").info(
+        f"{plan.nproc} worker(s) on this node{where}"
+        + (f"; worker defaults {chosen} (set them to override)" if chosen else "")
     )
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def _loopback_interface() -> str | None:
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        return None
-    return next((n for n in ("lo", "lo0") if n in names), None)

@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"
+from ddpkit._core.protocol import LAUNCHER_PID_ENV
+
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
 
+from ddpkit._core.text import parse_endpoint
 from ddpkit.env.slurm import SlurmNodes
 from ddpkit.errors import ConfigError
 from ddpkit.launch.loopback import register_loopback_backend
@@ -102,7 +103,7 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 
 def _check_mode_flags(plan: LaunchPlan, low: int, high: int) -> None:
     if plan.mode == "static":
-        _parse_endpoint(plan.master, "--master")
+        parse_endpoint(plan.master, "--master")
         if low != high:
             raise ConfigError(
                 f"--nnodes {plan.nnodes} is elastic, which --master (static) cannot do; use "
@@ -114,7 +115,7 @@ def _check_mode_flags(plan: LaunchPlan, low: int, high: int) -> None:
                 "give each node its index, 0 on the master's node"
             )
     elif plan.mode == "dynamic":
-        _parse_endpoint(plan.rdzv_endpoint, "--rdzv-endpoint")
+        parse_endpoint(plan.rdzv_endpoint, "--rdzv-endpoint")
         if plan.node_rank is not None:
             raise ConfigError("--node-rank is for --master; --rdzv-endpoint assigns node ranks")
     elif high > 1:
@@ -122,13 +123,6 @@ def _check_mode_flags(plan: LaunchPlan, low: int, high: int) -> None:
             f"--nnodes {plan.nnodes} needs to know where nodes meet: --master ADDR:PORT with "
             "--node-rank (static), or --rdzv-endpoint HOST:PORT (dynamic)"
         )
-
-
-def _parse_endpoint(text: str | None, flag: str) -> tuple[str, int]:
-    host, _, port = (text or "").rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{flag} {text!r} is not HOST:PORT (like 10.0.0.1:29500)")
-    return host.strip("[]"), int(port)
 
 
 def plan_from_slurm(plan: LaunchPlan, job: SlurmNodes) -> LaunchPlan:

@@ -20,9 +20,9 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
+from ddpkit._core.protocol import FULL_TRACEBACK_ENV
 from ddpkit.errors import DdpkitError
 
-FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"
 _PACKAGE = Path(__file__).resolve().parent.parent  # the ddpkit package
 
 

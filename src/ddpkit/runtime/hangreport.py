@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit.runtime.stores import missing_ranks_text
+from ddpkit._core.protocol import HANG_MARKER
+from ddpkit._core.text import ranks_text
 
 State = dict[str, Any]
 _MAX_LISTED = 8  # ranks listed per group; a 1,000-rank job's report stays readable
@@ -92,7 +93,7 @@ def describe_activity(state: State) -> str:
 
 def _headline(own: State, rank: int, timeout_s: float, missing: list[int]) -> str:
     text = (
-        f"hang: rank {rank} waited {own.get('for_s', 0):.0f} s in {own.get('doing')} "
+        f"{HANG_MARKER}rank {rank} waited {own.get('for_s', 0):.0f} s in {own.get('doing')} "
         f"(hang timeout {timeout_s:.0f} s)"
     )
     if missing:
@@ -138,5 +139,5 @@ def _stack_lines(rank: int, state: State) -> list[str]:
 
 def _ranks(ranks: list[int]) -> str:
     if len(ranks) <= _MAX_LISTED:
-        return missing_ranks_text(ranks)
-    return missing_ranks_text(ranks[:_MAX_LISTED]) + f" and {len(ranks) - _MAX_LISTED} more"
+        return ranks_text(ranks)
+    return ranks_text(ranks[:_MAX_LISTED]) + f" and {len(ranks) - _MAX_LISTED} more"

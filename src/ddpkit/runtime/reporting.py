@@ -21,10 +21,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ddpkit._core.protocol import METRICS_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.collectives import is_main
 
-METRICS_ENV = "DDPKIT_METRICS_FILE"
 KINDS = ("setup", "epoch")
 
 

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import sys
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
+from ddpkit._core import log
+from ddpkit._core.text import first_line
 from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import World
 from ddpkit.errors import NotInitializedError, RendezvousError
@@ -92,10 +93,10 @@ def init(
         store = _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
     start_watchdog(hang_timeout, world.rank, world.world_size, store)
     _current = world
+    log.set_rank(world.rank)  # ddpkit's notices come from rank 0 only
     _register_teardown()
     install_error_file_hook()  # so the launcher can name this rank if it fails
-    if world.is_main:
-        print(f"ddpkit: {world.describe()}{_backend_reason(backend, world)}", flush=True)
+    log.logger.info(f"{world.describe()}{_backend_reason(backend, world)}")
     return world
 
 
@@ -111,6 +112,7 @@ def shutdown() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _current = None
+    log.set_rank(None)
     forget_seed()
 
 
@@ -156,7 +158,7 @@ def _join_process_group(
     except (RuntimeError, ValueError) as err:  # DistStoreError / DistNetworkError subclass these
         raise RendezvousError(
             f"rank {world.rank} of {world.world_size} met its peers at {where} but the "
-            f"{world.backend} process group failed to start: {_first_line(err)}"
+            f"{world.backend} process group failed to start: {first_line(err)}"
         ) from err
     return store
 
@@ -185,11 +187,6 @@ def _backend_reason(requested: str | None, world: World) -> str:
     return " (CUDA is available)" if world.device.type == "cuda" else " (no CUDA GPU visible)"
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def _as_timedelta(timeout: float | timedelta) -> timedelta:
     return timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
 
@@ -205,4 +202,4 @@ def _teardown_at_exit() -> None:
     try:
         shutdown()
     except Exception as err:  # exiting anyway; a failed teardown must not mask the real error
-        print(f"ddpkit: process group teardown failed at exit: {err}", file=sys.stderr)
+        log.logger.warning(f"process group teardown failed at exit: {err}", extra=log.EVERY_RANK)

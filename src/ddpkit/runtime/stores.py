@@ -7,13 +7,14 @@ timeout and publishes a verdict, so every rank stops with the same message, "ran
 not join 127.0.0.1:29500 within 30 s", instead of hanging for gloo's 30 minutes.
 
 Example:
-    >>> missing_ranks_text([1, 3])
-    'ranks 1,3'
+    >>> JOIN_PREFIX
+    'ddpkit/join/'
 """
 
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,11 +22,14 @@ from pathlib import Path
 # type stubs for them.
 from torch._C._distributed_c10d import FileStore, Store, TCPStore
 
-from ddpkit.env.initmethod import InitMethod, clear_stale_file_store
+from ddpkit._core.log import logger
+from ddpkit._core.system import listening_pid
+from ddpkit._core.text import ranks_text
+from ddpkit.env.initmethod import InitMethod
 from ddpkit.env.world import World
 from ddpkit.errors import RendezvousError
 
-_JOIN = "ddpkit/join/"
+JOIN_PREFIX = "ddpkit/join/"
 _VERDICT = "ddpkit/join/verdict"
 _OK = "ok"
 _GRACE_S = 10.0  # other ranks wait this much longer than rank 0 for its verdict
@@ -58,7 +62,7 @@ def await_all_ranks(store: Store, world: World, join_timeout: float, where: str)
     Example:
         >>> await_all_ranks(store, world, 30, "127.0.0.1:29500")  # doctest: +SKIP
     """
-    store.set(f"{_JOIN}{world.rank}", "1")
+    store.set(f"{JOIN_PREFIX}{world.rank}", "1")
     if world.rank == 0:
         verdict = _collect_joins(store, world.world_size, join_timeout, where)
         store.set(_VERDICT, verdict)
@@ -68,25 +72,15 @@ def await_all_ranks(store: Store, world: World, join_timeout: float, where: str)
         raise RendezvousError(verdict)
 
 
-def missing_ranks_text(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 1,3' for messages.
-
-    Example:
-        >>> missing_ranks_text([2])
-        'rank 2'
-    """
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
-
-
 def _collect_joins(store: Store, world_size: int, join_timeout: float, where: str) -> str:
-    keys = [f"{_JOIN}{rank}" for rank in range(world_size)]
+    keys = [f"{JOIN_PREFIX}{rank}" for rank in range(world_size)]
     try:
         store.wait(keys, timedelta(seconds=join_timeout))
         return _OK
     except RuntimeError:  # torch's DistStoreError (a timeout) subclasses RuntimeError
         missing = [rank for rank, key in enumerate(keys) if not store.check([key])]
         return (
-            f"{missing_ranks_text(missing)} did not join {where} within {join_timeout:.0f} s "
+            f"{ranks_text(missing)} did not join {where} within {join_timeout:.0f} s "
             f"({world_size - len(missing)} of {world_size} joined). Check that every rank was "
             "started, with the same world size and init method, and can reach this address."
         )
@@ -150,47 +144,41 @@ def _owner_text(port: int) -> str:
     return f" (by pid {pid})" if pid is not None else ""
 
 
-def listening_pid(port: int) -> int | None:
-    """The pid of a local process listening on TCP ``port``, where Linux's /proc tells.
+def clear_stale_file_store(path: str, rank: int, join_timeout: float) -> None:
+    """Make sure a FileStore file left by an earlier, killed run cannot freeze this one.
+
+    A file not written for longer than the join timeout cannot belong to a rendezvous still
+    in progress (its ranks would have given up), so it is stale. Rank 0 removes it and says
+    so; other ranks wait up to the join timeout for rank 0 to replace it, then stop with an
+    error naming the file.
 
     Example:
-        >>> listening_pid(1) is None
-        True
+        >>> clear_stale_file_store("/tmp/no-such-store", rank=0, join_timeout=30)
     """
-    inodes = _listening_inodes(port)
-    if not inodes:
-        return None
-    targets = {f"socket:[{inode}]" for inode in inodes}
-    for proc in Path("/proc").glob("[0-9]*"):
-        if targets & _fd_links(proc):
-            return int(proc.name)
-    return None
+    if not _is_stale(path, join_timeout):
+        return
+    if rank == 0:
+        age = time.time() - os.stat(path).st_mtime
+        Path(path).unlink(missing_ok=True)
+        logger.info(
+            f"removed stale FileStore file {path} (last written {age:.0f} s ago, "
+            "left by an earlier run that did not exit cleanly)"
+        )
+        return
+    deadline = time.monotonic() + join_timeout
+    while time.monotonic() < deadline and _is_stale(path, join_timeout):
+        time.sleep(0.2)
+    if _is_stale(path, join_timeout):
+        raise RendezvousError(
+            f"FileStore file {path} is left from an earlier run (not written for over "
+            f"{join_timeout:.0f} s) and rank 0 did not replace it within {join_timeout:.0f} s. "
+            f"Is rank 0 running with the same init method? If not, delete the file (rm {path}) "
+            "or use a new path, then start again."
+        )
 
 
-def _fd_links(proc: Path) -> set[str]:
-    links: set[str] = set()
+def _is_stale(path: str, join_timeout: float) -> bool:
     try:
-        fds = list((proc / "fd").iterdir())
-    except OSError:  # the process is gone, or not ours to read
-        return links
-    for fd in fds:
-        try:
-            links.add(os.readlink(fd))
-        except OSError:  # closed while we looked (the listing's own fd, for one)
-            continue
-    return links
-
-
-def _listening_inodes(port: int) -> set[str]:
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            # local address is hex "ADDR:PORT"; state 0A is LISTEN
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
-                inodes.add(fields[9])
-    return inodes
+        return time.time() - os.stat(path).st_mtime > join_timeout
+    except FileNotFoundError:
+        return False

@@ -39,17 +39,21 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from ddpkit._core.log import EVERY_RANK, logger
+from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV
+from ddpkit._core.system import flush_and_exit
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.hangreport import State, compose_report, describe_activity
 
-HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long
 DEFAULT_HANG_TIMEOUT_S = 600.0
-HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"
 _STORE_OP_TIMEOUT_S = 5.0  # a store that does not answer must not freeze the watchdog too
 _BACKSTOP_MARGIN_S = 30.0
 _STACK_FRAMES = 8
-_LIBRARY_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__)))
+# With the separator: torch's folder is a prefix of torchvision's too.
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(path) + os.sep for path in (torch.__file__, os.path.dirname(__file__))
+)
 _ALARM, _REPORTER, _REPORTED = "alarm", "reporter", "reported"
 _STDERR_FD = 2  # the process's own stderr, which the launcher captures; not pytest's proxy
 
@@ -80,7 +84,7 @@ class Watchdog:
         self.poll_s = min(5.0, max(0.2, timeout_s / 10))
         self.grace_s = max(3.0, 3 * self.poll_s)  # every live rank polls within this
         self.progress = 0  # steps, phases and collectives entered; equal on ranks in step
-        self.exit: Callable[[int], Any] = os._exit  # tests replace it
+        self.exit: Callable[[int], Any] = flush_and_exit  # tests replace it
         self._store = store
         self._activity: _Activity | None = None
         self._last: str | None = None
@@ -163,7 +167,7 @@ class Watchdog:
             while not self._stopped.wait(self.poll_s):
                 self.check_once()
         except Exception as err:  # a broken watchdog must never take training down with it
-            print(f"ddpkit: hang watchdog stopped: {err!r}", file=sys.stderr, flush=True)
+            logger.error(f"hang watchdog stopped: {err!r}", extra=EVERY_RANK)
 
     def _report_hang(self) -> None:
         first = self._store_call(lambda s: s.add(_ALARM, 1), default=1) == 1
@@ -174,8 +178,8 @@ class Watchdog:
         self._publish()
         report = compose_report(self._collect(), self.world_size, self.rank, self.timeout_s)
         # Under an elastic launcher the report reaches the user as the job's root cause.
-        shown = report.splitlines()[0] if "TORCHELASTIC_ERROR_FILE" in os.environ else report
-        print(f"ddpkit: {shown}", file=sys.stderr, flush=True)
+        shown = report.splitlines()[0] if ERROR_FILE_ENV in os.environ else report
+        logger.error(shown, extra=EVERY_RANK)
         _dump_all_stacks(self.rank)
         record_failure(report.splitlines()[0], report)
         self._store_call(lambda s: s.set(_REPORTED, "1"), default=None)
@@ -185,7 +189,7 @@ class Watchdog:
         state = self._publish()
         reporter = self._store_call(_reporter_of, default="another rank")
         line = f"rank {self.rank}: hang reported by {reporter}; here: {describe_activity(state)}"
-        print(f"ddpkit: {line}", file=sys.stderr, flush=True)
+        logger.error(line, extra=EVERY_RANK)
         _dump_all_stacks(self.rank)
         record_failure(line, line)
         deadline = timedelta(seconds=self.grace_s + 2 * self.poll_s)
@@ -219,13 +223,11 @@ class Watchdog:
         try:
             return call(self._store)
         except Exception as err:  # store gone or slow: carry on with what this rank knows
-            print(f"ddpkit: hang watchdog: the store did not answer ({err})", file=sys.stderr)
+            logger.warning(f"hang watchdog: the store did not answer ({err})", extra=EVERY_RANK)
             self._store = None
             return default
 
     def _leave(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
         self.exit(HANG_EXIT_CODE)
 
 
@@ -378,5 +380,5 @@ def _arm_backstop(activity: _Activity | None, limit_s: float) -> bool:
 
 def _dump_all_stacks(rank: int) -> None:
     with contextlib.suppress(ValueError, OSError, RuntimeError, AttributeError):
-        print(f"ddpkit: rank {rank}'s threads (faulthandler):", file=sys.stderr, flush=True)
+        logger.error(f"rank {rank}'s threads (faulthandler):", extra=EVERY_RANK)
         faulthandler.dump_traceback(file=_STDERR_FD, all_threads=True)

@@ -20,19 +20,17 @@ Example:
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
 
-from ddpkit.errors import PreemptedError
-from ddpkit.runtime.collectives import barrier, print0
+from ddpkit._core.log import logger
+from ddpkit._core.protocol import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from ddpkit._core.system import flush_and_exit
+from ddpkit.runtime.collectives import barrier
 from ddpkit.runtime.errorfile import record_failure
 
-PREEMPTED_EXIT_CODE = PreemptedError.exitcode
-PREEMPTED_PREFIX = "preempted: "  # how a worker's record of a clean stop starts
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
@@ -44,6 +42,7 @@ class StopSignals:
     the training loop decides, at a step boundary, what to do about it.
 
     Example:
+        >>> import os
         >>> with StopSignals() as signals:
         ...     os.kill(os.getpid(), signal.SIGUSR1)
         ...     signals.received
@@ -94,22 +93,9 @@ def exit_preempted(signal_name: str, where: str, path: object) -> None:
         f"stopped by {signal_name} at {where} after saving {path}; run the same command "
         "again to resume"
     )
-    print0(f"ddpkit: {message} (exit code {PREEMPTED_EXIT_CODE})")
-    record_failure(PREEMPTED_PREFIX + message, PREEMPTED_PREFIX + message)
+    logger.info(f"{message} (exit code {PREEMPTED_EXIT_CODE})")
+    record_failure(PREEMPTED_MARKER + message, PREEMPTED_MARKER + message)
     barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
     # Not sys.exit: the user's code after fit() (more training, evaluation) must not run on
     # a job that was told to stop, and every rank leaves at the same point.
-    os._exit(PREEMPTED_EXIT_CODE)
-
-
-def preemption_message(text: str) -> str | None:
-    """The message of a worker's preemption record, or None for any other failure.
-
-    Example:
-        >>> preemption_message("preempted: stopped by SIGTERM at the end of epoch 3")
-        'stopped by SIGTERM at the end of epoch 3'
-    """
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first.removeprefix(PREEMPTED_PREFIX) if first.startswith(PREEMPTED_PREFIX) else None
+    flush_and_exit(PREEMPTED_EXIT_CODE)

@@ -27,8 +27,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ddpkit._core.protocol import METRICS_ENV
+from ddpkit._core.system import usable_cores
 from ddpkit.errors import ConfigError, DdpkitError
-from ddpkit.runtime.reporting import METRICS_ENV, read_reports
+from ddpkit.runtime.reporting import read_reports
 
 
 @dataclass(frozen=True)
@@ -90,9 +92,9 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
         >>> run_bench(BenchConfig("examples/wine.py", ("--epochs", "2"), (1, 2)))  # doctest: +SKIP
     """
     _check_config(config)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = config.threads(cores or 1)
-    warning = oversubscription_warning(config.workers, threads, cores or 1, _gpu_count())
+    cores = usable_cores()
+    threads = config.threads(cores)
+    warning = oversubscription_warning(config.workers, threads, cores, _gpu_count())
     if warning:
         print(f"ddpkit bench: warning: {warning}", flush=True)
     records = _run_all(config, threads)

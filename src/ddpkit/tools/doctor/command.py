@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
 from ddpkit.launch.launcher import check_script
@@ -32,6 +33,13 @@ from ddpkit.tools.doctor import envinfo, netcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
 from ddpkit.tools.doctor.smoke import size_text
 
+HELP = "environment report and preflight checks (paste it into a bug report)"
+DESCRIPTION = (
+    "Report versions, backends, devices, interfaces and distributed variables, and check the "
+    "launcher variables, backend, NCCL, socket interfaces, hostname, master port, FileStore "
+    "and CPU threads. Exit code 1 when a check FAILs. doctor's own options go before --run; "
+    "everything after SCRIPT is the script's."
+)
 DEFAULT_STEPS = 20
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -55,23 +63,14 @@ class DoctorOptions:
     timeout: float = DEFAULT_TIMEOUT_S
 
 
-def add_doctor_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register ``doctor`` on the ``ddpkit`` command's subparsers.
+def add_arguments(doctor: argparse.ArgumentParser) -> None:
+    """doctor's options; ``--run SCRIPT ...`` takes the rest of the line.
 
     Example:
-        >>> parser = argparse.ArgumentParser()
-        >>> add_doctor_command(parser.add_subparsers(dest="command"))
-        >>> parser.parse_args(["doctor", "--run", "t.py", "--epochs", "2"]).run
+        >>> parser = argparse.ArgumentParser(); add_arguments(parser)
+        >>> parser.parse_args(["--run", "t.py", "--epochs", "2"]).run
         ['t.py', '--epochs', '2']
     """
-    doctor = commands.add_parser(
-        "doctor",
-        help="environment report and preflight checks (paste it into a bug report)",
-        description="Report versions, backends, devices, interfaces and distributed variables, "
-        "and check the launcher variables, backend, NCCL, socket interfaces, hostname, master "
-        "port, FileStore and CPU threads. Exit code 1 when a check FAILs. doctor's own "
-        "options go before --run; everything after SCRIPT is the script's.",
-    )
     doctor.add_argument("--json", action="store_true", help="the whole report as JSON on stdout")
     doctor.add_argument("--smoke", action="store_true", help="all_reduce on N ranks: bandwidth")
     doctor.add_argument(
@@ -96,9 +95,8 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
     """The parsed flags as :class:`DoctorOptions`; a ConfigError for a stray argument.
 
     Example:
-        >>> parser = argparse.ArgumentParser()
-        >>> add_doctor_command(parser.add_subparsers(dest="command"))
-        >>> options_from_args(parser.parse_args(["doctor", "--run", "t.py", "--", "-x"]))
+        >>> parser = argparse.ArgumentParser(); add_arguments(parser)
+        >>> options_from_args(parser.parse_args(["--run", "t.py", "--", "-x"]))
         DoctorOptions(..., script='t.py', script_args=('-x',), steps=20, timeout=300.0)
     """
     command = [*(args.run or []), *args.after_dashes]
@@ -120,13 +118,12 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
     )
 
 
-def run_doctor(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     """The ``doctor`` subcommand: print the report; 1 when a check FAILed, else 0.
 
-    Example:
-        >>> from ddpkit.cli import main
-        >>> main(["doctor"])  # doctest: +SKIP
-        0
+    Example::
+
+        main(parser.parse_args(["--smoke"]))   # ddpkit doctor --smoke
     """
     options = options_from_args(args)
     if options.script is not None:
@@ -331,7 +328,7 @@ def _positive_int(text: str) -> int:
 
 def _endpoint(text: str) -> str:
     try:
-        netcheck.parse_endpoint(text)
+        parse_endpoint(text, "--master")
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text

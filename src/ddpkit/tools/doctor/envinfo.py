@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpkit._core.system import interface_names, usable_cores
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 
@@ -126,19 +127,6 @@ def cpu() -> dict[str, int]:
     return {"usable_cores": usable_cores(), "total_cores": os.cpu_count() or 1}
 
 
-def usable_cores() -> int:
-    """Cores in this process's affinity mask (a container or ``taskset`` may allow fewer).
-
-    Example:
-        >>> usable_cores() <= (os.cpu_count() or 1)
-        True
-    """
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def gpus() -> list[dict[str, Any]]:
     """The visible CUDA GPUs: index, name and total memory in GiB (empty without CUDA).
 
@@ -173,11 +161,7 @@ def interfaces() -> list[dict[str, str | None]]:
         >>> any(i["name"] in ("lo", "lo0") for i in interfaces())
         True
     """
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except OSError:  # some sandboxes and platforms cannot list interfaces
-        return []
-    return [{"name": name, "ipv4": interface_ipv4(name)} for name in names]
+    return [{"name": name, "ipv4": interface_ipv4(name)} for name in interface_names()]
 
 
 def interface_ipv4(name: str) -> str | None:

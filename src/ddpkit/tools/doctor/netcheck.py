@@ -18,9 +18,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpkit._core.system import listening_pid
+from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.stores import listening_pid
 from ddpkit.tools.doctor.envinfo import SOCKET_VARS
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check
 
@@ -52,19 +53,6 @@ class Endpoint:
         return f"{host}:{self.port}"
 
 
-def parse_endpoint(text: str, flag: str = "--master") -> tuple[str, int]:
-    """``"ADDR:PORT"`` as (host, port), or a ConfigError naming the flag.
-
-    Example:
-        >>> parse_endpoint("[::1]:29500")
-        ('::1', 29500)
-    """
-    host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{flag} {text!r} is not ADDR:PORT (like 10.0.0.1:29500)")
-    return host.strip("[]"), int(port)
-
-
 def master_endpoint(
     master: str | None, init_method: str | None, environ: Mapping[str, str]
 ) -> Endpoint:
@@ -75,7 +63,7 @@ def master_endpoint(
         Endpoint(host='127.0.0.1', port=1234, source='from MASTER_ADDR/MASTER_PORT')
     """
     if master:
-        return Endpoint(*parse_endpoint(master), "from --master")
+        return Endpoint(*parse_endpoint(master, "--master"), "from --master")
     if init_method and init_method.startswith("tcp://"):
         method = parse_init_method(init_method)
         assert method.host is not None and method.port is not None

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpkit._core.text import first_line
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.env.world import World, choose_backend
 from ddpkit.errors import ConfigError
@@ -323,14 +324,3 @@ def _batch_text(setup: Mapping[str, Any]) -> str:
         factors.append(f"{accumulate} micro-steps")
     policy = setup.get("batch_policy") or "per_device"
     return f"global batch {global_batch} = {' x '.join(factors)} (batch_policy {policy})"
-
-
-def first_line(err: BaseException) -> str:
-    """An exception's first line (C++ errors carry long backtraces after it).
-
-    Example:
-        >>> first_line(RuntimeError("Connection refused\\nException raised from ..."))
-        'Connection refused'
-    """
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

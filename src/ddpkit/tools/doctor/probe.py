@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
+from ddpkit._core.protocol import MAX_STEPS_ENV, METRICS_ENV, SMOKE_OUT_ENV
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
-from ddpkit.runtime.reporting import METRICS_ENV, read_reports
+from ddpkit.runtime.reporting import read_reports
 from ddpkit.tools.doctor import smoke
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check, batch_advice
-from ddpkit.train.monitor import MAX_STEPS_ENV
 
 SAMPLE_EVERY_S = 0.5
 LOW_UTILIZATION = 60.0  # percent; below it the GPUs mostly wait (the tutorial's threshold)
@@ -43,7 +43,7 @@ def run_smoke(nproc: int, timeout: float) -> tuple[Check, dict[str, Any] | None]
     """
     with tempfile.TemporaryDirectory(prefix="ddpkit-smoke-") as folder:
         target = Path(folder) / "smoke.json"
-        env = {smoke.SMOKE_OUT_ENV: str(target)}
+        env = {SMOKE_OUT_ENV: str(target)}
         command = ddpkit_run_command(nproc, str(Path(smoke.__file__)), [])
         outcome = run_command(command, env, timeout)
         results = json.loads(target.read_text()) if target.is_file() else None

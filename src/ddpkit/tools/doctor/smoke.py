@@ -24,7 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"
+from ddpkit._core.protocol import SMOKE_OUT_ENV
+
 CPU_SIZES = (4 * 2**10, 64 * 2**10, 2**20, 16 * 2**20)
 GPU_SIZES = (2**20, 16 * 2**20, 256 * 2**20, 2**30)
 WARMUP_ITERS = 5

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit._core.protocol import VERIFY_DIR_ENV
 from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.data.loader import batch_size_of, reference_world_size
 from ddpkit.parallel.fsdp import is_sharded
@@ -34,7 +35,6 @@ from ddpkit.runtime.collectives import all_gather_rows, is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.startup import setup_record, strategy_name
 
-VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"
 RECORD_FILE = "record.json"
 PARAMS_FILE = "params.pt"
 _MAX_SAMPLES = 4096  # fingerprinted samples per rank: enough to tell, small to gather

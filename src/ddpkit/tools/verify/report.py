@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
+from ddpkit._core.text import ranks_text
 from ddpkit.data.coverage import describe_coverage
-from ddpkit.runtime.stores import missing_ranks_text
 
 Record = dict[str, Any]
 State = dict[str, torch.Tensor]
@@ -234,7 +234,7 @@ def _replica_finding(run: Record) -> Finding:
         verb = "differs" if len(ranks) == 1 else "differ"
         return Finding(
             "replicas", False,
-            f"{missing_ranks_text(ranks)} {verb} from rank 0 after step {divergence['step']} "
+            f"{ranks_text(ranks)} {verb} from rank 0 after step {divergence['step']} "
             f"in {tensors}: the ranks train different models",
         )  # fmt: skip
     if not checked:
@@ -365,4 +365,4 @@ def _groups(values: list[int]) -> str:
     groups: dict[int, list[int]] = {}
     for rank, value in enumerate(values):
         groups.setdefault(value, []).append(rank)
-    return " vs ".join(missing_ranks_text(ranks) for ranks in groups.values())
+    return " vs ".join(ranks_text(ranks) for ranks in groups.values())

@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
@@ -24,11 +23,16 @@ from typing import Any
 
 import torch
 
-from ddpkit.data.loader import REFERENCE_WORLD_ENV
-from ddpkit.errors import ConfigError, DdpkitError
+from ddpkit._core.protocol import (
+    CHECK_REPLICAS_ENV,
+    MAX_STEPS_ENV,
+    REFERENCE_WORLD_ENV,
+    VERIFY_DIR_ENV,
+)
+from ddpkit.errors import DdpkitError
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.launch.launcher import check_script
-from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE, VERIFY_DIR_ENV
+from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE
 from ddpkit.tools.verify.report import (
     Finding,
     TensorDiff,
@@ -38,7 +42,6 @@ from ddpkit.tools.verify.report import (
     findings,
     likely_causes,
 )
-from ddpkit.train.monitor import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
 
 DEFAULT_STEPS = 10
 DEFAULT_TIMEOUT_S = 600.0
@@ -179,97 +182,3 @@ def _report(
     if not causes:
         lines.append("  no known cause: rerun with --steps 1 to see whether it starts at once")
     return "\n".join(lines)
-
-
-def add_verify_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Register ``verify`` on the ``ddpkit`` command's subparsers.
-
-    Example:
-        >>> parser = argparse.ArgumentParser()
-        >>> add_verify_command(parser.add_subparsers(dest="command"))
-        >>> parser.parse_args(["verify", "--workers", "4", "t.py"]).workers
-        4
-    """
-    verify_ = commands.add_parser(
-        "verify",
-        help="prove N workers compute what 1 process computes (or show why not)",
-        description="Run SCRIPT for K optimizer steps as N workers and as one process with "
-        "the same global batch, seed and samples; compare every tensor, the sampler's "
-        "coverage and the replicas. Exit code 0 on PASS, 1 on FAIL. verify's own options "
-        "may come before or after SCRIPT; everything else (and all after --) is the script's.",
-    )
-    _add_verify_options(verify_, None)
-    verify_.add_argument("script", help="the training script (trains with ddpkit.Trainer)")
-    verify_.add_argument("script_args", nargs=argparse.REMAINDER, help="passed to the script")
-
-
-def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
-    def pick(value: Any) -> Any:
-        return value if default is None else default
-
-    parser.add_argument("--workers", type=int, default=pick(2), metavar="N",
-                        help="workers to compare with one process (default: 2)")  # fmt: skip
-    parser.add_argument("--steps", type=int, default=pick(DEFAULT_STEPS), metavar="K",
-                        help=f"optimizer steps to compare (default: {DEFAULT_STEPS})")  # fmt: skip
-    parser.add_argument("--rtol", type=float, default=pick(None),
-                        help="relative tolerance (default: 1e-4 fp32, 2e-2 bf16/fp16)")  # fmt: skip
-    parser.add_argument("--atol", type=float, default=pick(None),
-                        help="absolute tolerance (default: 1e-6 fp32, 1e-3 bf16/fp16)")  # fmt: skip
-    parser.add_argument("--check-every", type=int, default=pick(1), metavar="M",
-                        help="compare the replicas every M steps (default: 1)")  # fmt: skip
-    parser.add_argument("--out", default=pick(None),
-                        help="keep both runs' records and logs in this folder")  # fmt: skip
-    parser.add_argument("--timeout", type=float, default=pick(DEFAULT_TIMEOUT_S), metavar="S",
-                        help="seconds each run may take (default: 600)")  # fmt: skip
-
-
-def config_from_args(args: argparse.Namespace) -> VerifyConfig:
-    """The parsed flags as a :class:`VerifyConfig` (verify's options may follow SCRIPT).
-
-    Example:
-        >>> parser = argparse.ArgumentParser()
-        >>> add_verify_command(parser.add_subparsers(dest="command"))
-        >>> args = parser.parse_args(["verify", "t.py", "--lr", "1", "--steps", "3"])
-        >>> config_from_args(args).steps, config_from_args(args).script_args
-        (3, ('--lr', '1'))
-    """
-    late = argparse.ArgumentParser(add_help=False)
-    _add_verify_options(late, argparse.SUPPRESS)
-    script_args = list(args.script_args)
-    cut = script_args.index("--") if "--" in script_args else len(script_args)
-    found, unknown = late.parse_known_args(script_args[:cut])
-    merged = {**vars(args), **vars(found)}
-    _check_counts(merged)
-    return VerifyConfig(
-        script=args.script,
-        script_args=tuple(unknown + script_args[cut + 1 :]),
-        workers=merged["workers"],
-        steps=merged["steps"],
-        rtol=merged["rtol"],
-        atol=merged["atol"],
-        check_every=merged["check_every"],
-        out=Path(merged["out"]) if merged["out"] else None,
-        timeout_s=merged["timeout"],
-    )
-
-
-def run_verify_command(args: argparse.Namespace) -> int:
-    """Entry of ``ddpkit verify``: prints the report; 0 on PASS, 1 on FAIL.
-
-    Example:
-        >>> run_verify_command(args)  # doctest: +SKIP
-        0
-    """
-    passed, text = verify(config_from_args(args))
-    print(text)
-    return 0 if passed else 1
-
-
-def _check_counts(values: dict[str, Any]) -> None:
-    if values["workers"] < 2:
-        raise ConfigError(
-            f"--workers must be at least 2 to compare with one process (got {values['workers']})"
-        )
-    for flag in ("steps", "check_every"):
-        if values[flag] < 1:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {values[flag]})")

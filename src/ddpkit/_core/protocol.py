@@ -1,0 +1,91 @@
+"""The protocol between launchers and workers, defined once: variables, exit codes, error files.
+
+A launcher (``ddpkit run``, ``ddpkit.spawn``, or one of ddpkit's commands starting a child
+job) talks to its workers through environment variables; the workers answer through their
+exit codes and through torch elastic's error file, whose first line may carry a marker that
+tells the launcher what kind of stop it was. Both sides import the names from here, so a
+marker written in one place is parsed by the same constant in the other.
+
+Example:
+    >>> record = error_record(HANG_MARKER + "rank 1 did not reach all_reduce", "the report")
+    >>> error_headline(record["message"]).startswith(HANG_MARKER), error_text(record["message"])
+    (True, 'the report')
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# --- exit codes -------------------------------------------------------------------------
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): checkpointed and stopped; run again
+HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long
+
+# --- variables a launcher or a ddpkit command sets for its workers ----------------------
+LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifeline)
+HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"  # seconds; `ddpkit run --hang-timeout`
+FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"  # 1: keep ddpkit's own frames in tracebacks
+WORKER_SETUP_ENV = "DDPKIT_WORKER_SETUP"  # "module:function" run before the script
+MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"  # stop every rank after K optimizer steps, exit 0
+CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
+METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
+VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's record
+REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks
+SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
+
+# --- error-file markers: how a worker's record starts ------------------------------------
+HANG_MARKER = "hang: "  # the watchdog's report, from the rank that noticed
+HANG_ANSWER = "hang reported by"  # a rank that answered another rank's report
+PREEMPTED_MARKER = "preempted: "  # a clean stop after a checkpoint (exit 75)
+
+
+def error_record(headline: str, details: str, timestamp: int | None = None) -> dict[str, Any]:
+    """An error file's contents, in the layout torch's ``record()`` writes.
+
+    ``headline`` is the first line the launcher shows; ``details`` the text it prints for
+    the rank it blames (a traceback, a hang report).
+
+    Example:
+        >>> error_record("ValueError: x", "Traceback ...", timestamp=7)["message"]["message"]
+        'ValueError: x'
+    """
+    stamp = int(time.time()) if timestamp is None else timestamp
+    extra = {"py_callstack": details, "timestamp": str(stamp)}
+    return {"message": {"message": headline, "extraInfo": extra}}
+
+
+def error_text(message: Any) -> str:
+    """The text a worker recorded (its details), from a record's ``message`` field.
+
+    Example:
+        >>> error_text("ValueError: x")
+        'ValueError: x'
+    """
+    if isinstance(message, dict):
+        callstack = message.get("extraInfo", {}).get("py_callstack")
+        return str(callstack or message.get("message", "")).rstrip()
+    return str(message)
+
+
+def error_headline(message: Any) -> str:
+    """The first line a worker recorded, from a record's ``message`` field.
+
+    Example:
+        >>> error_headline({"message": "preempted: stopped", "extraInfo": {}})
+        'preempted: stopped'
+    """
+    text = message.get("message", "") if isinstance(message, dict) else str(message)
+    return str(text).strip().split("\n", 1)[0]
+
+
+def error_timestamp(message: Any) -> int:
+    """When the record was written (epoch seconds; 0 when it does not say).
+
+    Example:
+        >>> error_timestamp(error_record("x", "y", timestamp=12)["message"])
+        12
+    """
+    if not isinstance(message, dict):
+        return 0
+    return int(message.get("extraInfo", {}).get("timestamp", 0))

@@ -1,0 +1,112 @@
+"""Look-ups on this machine, and leaving the process: cores, loopback, ports, exit.
+
+Example:
+    >>> usable_cores() >= 1
+    True
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity, e.g. under SLURM or taskset).
+
+    Example:
+        >>> usable_cores() <= (os.cpu_count() or 1)
+        True
+    """
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def interface_names() -> list[str]:
+    """This machine's network interfaces (empty when the OS will not tell).
+
+    Example:
+        >>> isinstance(interface_names(), list)
+        True
+    """
+    try:
+        return [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return []
+
+
+def loopback_interface() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), if there is one.
+
+    Example:
+        >>> loopback_interface() in ("lo", "lo0", None)
+        True
+    """
+    names = interface_names()
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def flush_and_exit(code: int) -> NoReturn:
+    """Flush stdout and stderr, then end the process at once with ``code``.
+
+    ``os._exit`` skips the user's code after the call (more training, evaluation) and
+    atexit handlers: for a job told to stop, every rank leaves at the same point.
+
+    Example::
+
+        flush_and_exit(75)   # after the preemption checkpoint is written
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of a local process listening on TCP ``port``, where Linux's /proc tells.
+
+    Example:
+        >>> listening_pid(1) is None
+        True
+    """
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for proc in Path("/proc").glob("[0-9]*"):
+        if targets & _fd_links(proc):
+            return int(proc.name)
+    return None
+
+
+def _fd_links(proc: Path) -> set[str]:
+    links: set[str] = set()
+    try:
+        fds = list((proc / "fd").iterdir())
+    except OSError:  # the process is gone, or not ours to read
+        return links
+    for fd in fds:
+        try:
+            links.add(os.readlink(fd))
+        except OSError:  # closed while we looked (the listing's own fd, for one)
+            continue
+    return links
+
+
+def _listening_inodes(port: int) -> set[str]:
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local address is hex "ADDR:PORT"; state 0A is LISTEN
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                inodes.add(fields[9])
+    return inodes
