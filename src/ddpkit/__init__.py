@@ -1,5 +1,10 @@
 """ddpkit: distributed data-parallel training for PyTorch, one script from 1 CPU to M nodes.
 
+The public API is imported on first use (``ddpkit.init`` imports the process-group session,
+``ddpkit.Trainer`` the training loop), so ``import ddpkit`` itself costs almost nothing: the
+workers ``ddpkit run`` starts, and plain torchrun scripts among them, pay only for what they
+use.
+
 Example:
     >>> import ddpkit
     >>> world = ddpkit.init()               # a world of one without a launcher
@@ -9,8 +14,11 @@ Example:
     >>> ddpkit.shutdown()
 """
 
-from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
-from ddpkit.env.world import World
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ddpkit.errors import (
     CheckpointError,
     CollectiveMismatchError,
@@ -21,23 +29,68 @@ from ddpkit.errors import (
     ReplicaDivergenceError,
     WorkerFailedError,
 )
-from ddpkit.launch.launcher import spawn
-from ddpkit.parallel.strategy import prepare_model, unwrap_model
-from ddpkit.runtime.collectives import (
-    all_reduce_mean,
-    all_reduce_sum,
-    barrier,
-    get_rank,
-    is_main,
-    print0,
-    rank_zero_only,
-)
-from ddpkit.runtime.seeding import seed_everything
-from ddpkit.runtime.session import current_world, init, shutdown
-from ddpkit.runtime.watchdog import watch
-from ddpkit.train.trainer import Trainer
+
+if TYPE_CHECKING:
+    from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
+    from ddpkit.env.world import World
+    from ddpkit.launch.launcher import spawn
+    from ddpkit.parallel.strategy import prepare_model, unwrap_model
+    from ddpkit.runtime.collectives import (
+        all_reduce_mean,
+        all_reduce_sum,
+        barrier,
+        get_rank,
+        is_main,
+        print0,
+        rank_zero_only,
+    )
+    from ddpkit.runtime.seeding import seed_everything
+    from ddpkit.runtime.session import current_world, init, shutdown
+    from ddpkit.runtime.watchdog import watch
+    from ddpkit.train.trainer import Trainer
 
 __version__ = "0.1.0"
+
+# Public name -> the module that defines it, imported when the name is first used.
+_LAZY = {
+    "BatchPlan": "ddpkit.data.loader",
+    "plan_batch": "ddpkit.data.loader",
+    "prepare_loader": "ddpkit.data.loader",
+    "World": "ddpkit.env.world",
+    "spawn": "ddpkit.launch.launcher",
+    "prepare_model": "ddpkit.parallel.strategy",
+    "unwrap_model": "ddpkit.parallel.strategy",
+    "all_reduce_mean": "ddpkit.runtime.collectives",
+    "all_reduce_sum": "ddpkit.runtime.collectives",
+    "barrier": "ddpkit.runtime.collectives",
+    "get_rank": "ddpkit.runtime.collectives",
+    "is_main": "ddpkit.runtime.collectives",
+    "print0": "ddpkit.runtime.collectives",
+    "rank_zero_only": "ddpkit.runtime.collectives",
+    "seed_everything": "ddpkit.runtime.seeding",
+    "current_world": "ddpkit.runtime.session",
+    "init": "ddpkit.runtime.session",
+    "shutdown": "ddpkit.runtime.session",
+    "watch": "ddpkit.runtime.watchdog",
+    "Trainer": "ddpkit.train.trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        # ddpkit.checkpoint, ddpkit.reporting, ...: a submodule asked for as an attribute.
+        if name in ("checkpoint", "reporting"):
+            return importlib.import_module(f"ddpkit.{name}")
+        raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "BatchPlan",

@@ -109,12 +109,12 @@ def test_uneven_batch_counts_finish_under_join_and_count_every_sample() -> None:
 def test_impossible_requests_are_refused_with_the_fix() -> None:
     messages = ddpkit.spawn(workers.strategy_errors, 2)[0]
     assert 'use strategy="ddp"' in messages["dp"] and "2 processes" in messages["dp"]
-    assert 'only apply to strategy="ddp"' in messages["hook_on_fsdp"]
+    assert 'comm_hook only applies to strategy="ddp"' in messages["hook_on_fsdp"]
     assert "does not divide; use a multiple of 2 (e.g. 8)" in messages["global_odd"]
 
 
 @pytest.mark.parametrize(("uneven", "note"), [("pad", "repeated"), ("drop", "left out")])
 def test_the_startup_line_says_how_uneven_data_is_handled(uneven: str, note: str) -> None:
     line = ddpkit.spawn(workers.sgd_with_policy, 2, 10, "per_device", 41, uneven)[0]["startup"]
-    assert line.startswith("ddpkit: training DDP; global batch 20 = 10 per device x 2 ranks")
+    assert line.startswith("training DDP; global batch 20 = 10 per device x 2 ranks")
     assert f'1 sample {note} so the 2 shards are equal (uneven="{uneven}")' in line

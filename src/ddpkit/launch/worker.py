@@ -14,12 +14,16 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
 import runpy
 import signal
 import sys
+from collections.abc import Mapping
 from types import TracebackType
 
+from ddpkit._core.protocol import WORKER_SETUP_ENV
+from ddpkit.errors import ConfigError
 from ddpkit.launch.lifeline import die_with_launcher
 
 
@@ -33,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args:
         sys.exit("usage: python -m ddpkit.launch.worker SCRIPT [ARGS...]")
     die_with_launcher()
+    run_setup()
     script = args[0]
     sys.argv = args
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -46,6 +51,28 @@ def main(argv: list[str] | None = None) -> None:
         # As `python script.py` does, but without this module's and runpy's frames on top.
         sys.excepthook(type(err), err, _script_frames(err.__traceback__, script))
         sys.exit(1)
+
+
+def run_setup(environ: Mapping[str, str] | None = None) -> None:
+    """Call the ``module:function`` that ``DDPKIT_WORKER_SETUP`` names, before the script.
+
+    ddpkit's commands use it to hook into the workers they start (``ddpkit verify``
+    registers its recorder this way), so the library never imports the commands.
+
+    Example:
+        >>> run_setup({})  # nothing named: nothing to do
+        >>> run_setup({WORKER_SETUP_ENV: "ddpkit.x"})
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: DDPKIT_WORKER_SETUP='ddpkit.x' is not MODULE:FUNCTION
+    """
+    spec = (os.environ if environ is None else environ).get(WORKER_SETUP_ENV)
+    if not spec:
+        return
+    module, _, function = spec.partition(":")
+    if not module or not function:
+        raise ConfigError(f"{WORKER_SETUP_ENV}={spec!r} is not MODULE:FUNCTION")
+    getattr(importlib.import_module(module), function)()
 
 
 def _script_frames(tb: TracebackType | None, script: str) -> TracebackType | None:

@@ -1,37 +1,75 @@
-"""FSDP2 (``torch.distributed.fsdp.fully_shard``): parameters, gradients and optimizer state
-sharded over the ranks, for models whose training state does not fit one device.
+"""``strategy="fsdp"``: FSDP2 (``torch.distributed.fsdp.fully_shard``), parameters, gradients
+and optimizer state sharded over the ranks, for models whose training state does not fit one
+device.
 
 Each *unit* (a submodule passed to ``fully_shard``) gathers its parameters just before its
 forward and backward and frees them after, so peak memory is one unit's full parameters plus
 the shards. By default the whole model is one unit; pass the block classes of a deep model
-(``units=(TransformerBlock,)``) so only one block is gathered at a time, as torchtitan does.
-Rank 0's initial weights are broadcast before sharding, so every rank starts from the same
-model even when each built it with a different random seed. It works on CPU with gloo. In a
-world of one there is nothing to shard over, so the model is left whole, as DDP leaves it
-unwrapped; the training code is the same either way.
+(``fsdp_units=(TransformerBlock,)``) so only one block is gathered at a time, as torchtitan
+does. Rank 0's initial weights are broadcast before sharding, so every rank starts from the
+same model even when each built it with a different random seed. It works on CPU with gloo.
+In a world of one there is nothing to shard over, so the model is left whole, as DDP leaves
+it unwrapped; the training code is the same either way.
+
+torch's FSDP package (with DTensor) takes most of a second to import, so it is imported when
+a model is sharded, not before: a job that never asks for FSDP never pays for it.
 
 Example:
-    >>> import torch, ddpkit
-    >>> _ = ddpkit.init()
-    ddpkit: world size 1 ...
-    >>> model = shard_model(torch.nn.Linear(4, 2), ddpkit.current_world())
-    >>> is_sharded(model)  # one process: nothing to shard over
+    >>> import torch
+    >>> is_sharded(torch.nn.Linear(2, 2))
     False
-    >>> ddpkit.shutdown()
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
+from ddpkit.parallel.base import Strategy
+
+if TYPE_CHECKING:
+    from ddpkit.env.world import World
+
+_FSDP_MODULE = "torch.distributed.fsdp"
+
+
+class FullyShardedStrategy(Strategy):
+    """Parameters, gradients and optimizer state sharded; gathered one unit at a time.
+
+    Example:
+        >>> FullyShardedStrategy().sharded, FullyShardedStrategy().replicas_identical
+        (True, False)
+    """
+
+    name = "fsdp"
+    options = ("fsdp_units",)
+    replicas_identical = False
+    checkpoint_kind = "sharded"
+    uneven_batches = "refuse"
+
+    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
+        return shard_model(model, world, options.get("fsdp_units", ()))
+
+    def owns(self, model: nn.Module) -> bool:
+        return is_sharded(model)
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _no_gradient_sync(model)
+
+    def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Gathered to CPU on every rank (a collective: all ranks call it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(model, options=options)
+        return {name: t.detach().cpu().clone() for name, t in state.items() if torch.is_tensor(t)}
 
 
 def shard_model(
@@ -47,16 +85,16 @@ def shard_model(
     the root is always one. ``reshard_after_forward=False`` keeps parameters gathered from
     forward to backward: faster, more memory (ZeRO-2 instead of ZeRO-3).
 
-    Example:
-        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-        >>> net = shard_model(net, world, units=(torch.nn.Linear,))  # doctest: +SKIP
-        >>> [is_sharded(m) for m in net]  # doctest: +SKIP
-        [True, True]
+    Example::
+
+        net = shard_model(net, world, units=(TransformerBlock,))   # 2 or more ranks
     """
-    _check_units(units)
+    check_units(units)
     model = model.to(world.device)
     if world.world_size == 1:
         return model
+    from torch.distributed.fsdp import fully_shard  # only when a model is sharded
+
     broadcast_module_state(model)
     for module in list(model.modules())[1:]:
         if isinstance(module, tuple(units)) and any(True for _ in module.parameters()):
@@ -66,29 +104,16 @@ def shard_model(
 
 
 def is_sharded(model: nn.Module) -> bool:
-    """True for a model prepared with ``strategy="fsdp"``.
+    """True for a model prepared with ``strategy="fsdp"`` on 2 or more ranks.
+
+    Without torch's FSDP package imported, no model can be sharded: nothing is imported.
 
     Example:
         >>> is_sharded(torch.nn.Linear(2, 2))
         False
     """
-    return isinstance(model, FSDPModule)
-
-
-@contextlib.contextmanager
-def no_gradient_sync(model: nn.Module) -> Iterator[None]:
-    """FSDP's counterpart of DDP's ``no_sync()``: keep gradients local for accumulation.
-
-    Example:
-        >>> with no_gradient_sync(fsdp_model):  # doctest: +SKIP
-        ...     loss.backward()
-    """
-    assert isinstance(model, FSDPModule)
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
+    fsdp = sys.modules.get(_FSDP_MODULE)
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)
 
 
 @torch.no_grad()
@@ -104,9 +129,27 @@ def broadcast_module_state(model: nn.Module, src: int = 0) -> None:
         dist.broadcast(tensor.data, src=src)
 
 
-def _check_units(units: Sequence[type[nn.Module]]) -> None:
+def check_units(units: Sequence[type[nn.Module]]) -> None:
+    """Refuse ``fsdp_units`` that are not module classes.
+
+    Example:
+        >>> check_units([torch.nn.Linear])
+    """
     bad = [u for u in units if not (isinstance(u, type) and issubclass(u, nn.Module))]
     if bad:
         raise ConfigError(
             f"fsdp_units must be nn.Module classes (e.g. fsdp_units=(MyBlock,)); got {bad!r}"
         )
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
+    """FSDP's counterpart of DDP's ``no_sync()``: keep gradients local for accumulation."""
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+FSDP = FullyShardedStrategy()

@@ -23,8 +23,7 @@ import torch
 from torch import nn
 
 from ddpkit.errors import ConfigError, ReplicaDivergenceError
-from ddpkit.parallel.fsdp import is_sharded
-from ddpkit.parallel.strategy import unwrap_model
+from ddpkit.parallel.strategy import strategy_of, unwrap_model
 from ddpkit.runtime.collectives import all_gather_rows, all_reduce_max, broadcast_from_main
 
 _MEASURED = 8  # differing tensors whose distance is measured (each costs a broadcast)
@@ -96,10 +95,12 @@ def check_replicable(model: nn.Module) -> None:
     Example:
         >>> check_replicable(torch.nn.Linear(2, 2))
     """
-    if is_sharded(model):
+    strategy = strategy_of(model)
+    if not strategy.replicas_identical:
         raise ConfigError(
-            "check_replicas_every compares full replicas, but FSDP shards the parameters "
-            'over the ranks; use it with strategy="ddp" (or leave it off under FSDP)'
+            f"check_replicas_every compares full replicas, but {strategy.name.upper()} shards "
+            'the parameters over the ranks; use it with strategy="ddp" (or leave it off under '
+            f"{strategy.name.upper()})"
         )
 
 

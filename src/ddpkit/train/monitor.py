@@ -1,40 +1,40 @@
-"""What watches the Trainer's steps: hang watchdog, replica check, verify's recorder, step limit.
+"""What watches the Trainer's steps: hang watchdog, replica check, observers, step limit.
 
 The Trainer tells the monitor where it is (a batch is being loaded, forward, backward, the
 optimizer step) and when a step is done; the monitor passes that on to whichever watchers are
 on, so the training loop carries no diagnostics code of its own:
 
 - the hang watchdog times each micro-batch, from loading it to the optimizer step;
-- ``check_replicas_every=M`` (or ``DDPKIT_CHECK_REPLICAS_EVERY``, which FSDP's sharded
-  models ignore) compares the replicas every M optimizer steps and raises
+- ``check_replicas_every=M`` (or ``DDPKIT_CHECK_REPLICAS_EVERY``, which strategies without
+  identical replicas ignore) compares the replicas every M optimizer steps and raises
   :class:`~ddpkit.errors.ReplicaDivergenceError`;
-- under ``ddpkit verify`` the recorder notes samples and states (see :mod:`verifyrecord`);
+- registered observers (:mod:`ddpkit.runtime.observers`; ``ddpkit verify``'s recorder is
+  one) hear of the start, each epoch, each training batch, each replica check and the end;
 - ``DDPKIT_MAX_STEPS=K`` (set by ``ddpkit verify`` and ``ddpkit doctor --run``) ends the
   script after K optimizer steps, every rank together, with exit code 0.
 
 Example:
-    >>> from ddpkit.train.monitor import env_int
-    >>> env_int("DDPKIT_MAX_STEPS", {"DDPKIT_MAX_STEPS": "20"})
-    20
+    >>> backward_label(final=False, world_size=2)
+    'backward (no sync)'
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from ddpkit.errors import ConfigError
-from ddpkit.parallel.fsdp import is_sharded
-from ddpkit.parallel.replicas import check_replicable, check_replicas
-from ddpkit.runtime.collectives import barrier, print0
-from ddpkit.runtime.watchdog import current_watchdog
-from ddpkit.tools.verify.recorder import active_recorder
+from torch import nn
 
-MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"
-CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"
+from ddpkit._core.envvars import positive_int_var
+from ddpkit._core.log import logger
+from ddpkit._core.protocol import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
+from ddpkit._core.system import flush_and_exit
+from ddpkit.parallel.replicas import check_replicable, check_replicas
+from ddpkit.parallel.strategy import strategy_of
+from ddpkit.runtime.collectives import barrier
+from ddpkit.runtime.observers import observers
+from ddpkit.runtime.watchdog import current_watchdog
 
 
 class StepMonitor:
@@ -50,14 +50,14 @@ class StepMonitor:
         >>> ddpkit.shutdown()
     """
 
-    def __init__(self, model: Any, check_replicas_every: int | None) -> None:
+    def __init__(self, model: nn.Module, check_replicas_every: int | None) -> None:
         self.watchdog = current_watchdog()
-        self.recorder = active_recorder()
         if check_replicas_every:
             check_replicable(model)  # asked for by name: refuse what cannot be checked
-        from_env = env_int(CHECK_REPLICAS_ENV) if not is_sharded(model) else None
+        replicated = strategy_of(model).replicas_identical
+        from_env = positive_int_var(CHECK_REPLICAS_ENV) if replicated else None
         self.check_every = check_replicas_every or from_env
-        self.max_steps = env_int(MAX_STEPS_ENV)
+        self.max_steps = positive_int_var(MAX_STEPS_ENV)
         self._step = 0
 
     def batches(self, loader: Iterable[Any], evaluation: bool = False) -> Iterator[Any]:
@@ -74,8 +74,9 @@ class StepMonitor:
             except StopIteration:
                 self.batch_done()
                 return
-            if self.recorder is not None and not evaluation:
-                self.recorder.batch_seen(batch)
+            if not evaluation:
+                for observer in observers():
+                    observer.batch_loaded(batch)
             yield batch
 
     def next_step(self, step: int) -> None:
@@ -104,35 +105,36 @@ class StepMonitor:
         finally:
             self.batch_done()
 
-    def fit_started(self, trainer: Any, loader: Any) -> None:
-        """Called once per ``fit``, before the first step."""
-        self._step = trainer.step + 1
-        if self.recorder is not None:
-            self.recorder.fit_started(trainer, loader)
+    def fit_started(self, model: nn.Module, setup: Mapping[str, Any], step: int) -> None:
+        """Called once per ``fit``, before the first step; ``step`` is the steps taken."""
+        self._step = step + 1
+        for observer in observers():
+            observer.fit_started(model, setup)
 
-    def epoch_started(self, loader: Any) -> None:
+    def epoch_started(self, loader: Iterable[Any]) -> None:
         """Called after the sampler was told the epoch."""
-        if self.recorder is not None:
-            self.recorder.epoch_started(loader)
+        for observer in observers():
+            observer.epoch_started(loader)
 
-    def step_done(self, trainer: Any, step: int) -> None:
+    def step_done(self, model: nn.Module, step: int) -> None:
         """After optimizer step ``step``: replica check, and the step limit."""
         if self.check_every and step % self.check_every == 0:
-            self._check_replicas(trainer.model, step)
+            self._check_replicas(model, step)
         if self.max_steps is not None and step >= self.max_steps:
-            self.fit_finished(trainer, step)
+            self.fit_finished(model, step)
             _stop_all_ranks(step)
 
-    def fit_finished(self, trainer: Any, step: int) -> None:
-        """Training ended (or was stopped): verify's record is written."""
-        if self.recorder is not None:
-            self.recorder.finish(trainer, step)
+    def fit_finished(self, model: nn.Module, steps: int) -> None:
+        """Training ended (or was stopped by the step limit)."""
+        for observer in observers():
+            observer.fit_finished(model, steps)
 
-    def _check_replicas(self, model: Any, step: int) -> None:
+    def _check_replicas(self, model: nn.Module, step: int) -> None:
         divergence = check_replicas(model, step)
-        if self.recorder is not None:  # verify reports it beside its other findings
-            self.recorder.replicas_checked(step, divergence)
-        elif divergence is not None:
+        found = vars(divergence) if divergence is not None else None
+        # Every observer hears of it; one that reports it itself (verify) keeps training on.
+        reported = [observer.replicas_checked(step, found) for observer in observers()]
+        if divergence is not None and not any(reported):
             raise divergence.error()
 
     def _where(self, evaluation: bool) -> str:
@@ -156,27 +158,10 @@ def backward_label(final: bool, world_size: int) -> str:
     return "backward + gradient all-reduce" if final else "backward (no sync)"
 
 
-def env_int(name: str, environ: Mapping[str, str] | None = None) -> int | None:
-    """A positive integer setting from the environment, or None when unset.
-
-    Example:
-        >>> env_int("DDPKIT_MAX_STEPS", {}) is None
-        True
-    """
-    raw = (os.environ if environ is None else environ).get(name)
-    if raw is None or raw == "":
-        return None
-    if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"{name}={raw!r} must be a positive integer")
-    return int(raw)
-
-
 def _stop_all_ranks(step: int) -> None:
     # Every rank reaches the limit at the same step; after the barrier none waits on
     # another, so leaving without tearing down the group is safe, and no later code of the
     # script (more training, evaluation) runs on a model the limit cut short.
     barrier()
-    print0(f"ddpkit: stopped after {step} optimizer steps ({MAX_STEPS_ENV})")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    logger.info(f"stopped after {step} optimizer steps ({MAX_STEPS_ENV})")
+    flush_and_exit(0)

@@ -20,7 +20,6 @@ import contextlib
 from typing import Any
 
 import torch
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ddpkit._core.validate import check_choice
 from ddpkit.errors import ConfigError
@@ -109,7 +108,9 @@ class MixedPrecision:
 def _grad_scaler(device: torch.device, sharded: bool) -> torch.amp.GradScaler:
     # With sharded gradients each rank sees only its shard, so whether any gradient overflowed
     # must be agreed over all ranks (an all-reduce), or ranks would skip different steps.
-    if sharded:
+    if sharded:  # imported here: torch's FSDP package is only loaded when a model is sharded
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
         return ShardedGradScaler(device.type)
     return torch.amp.GradScaler(device.type)
 

@@ -19,13 +19,16 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
-import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
+from torch import nn
 
+from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.validate import check_positive_int
 from ddpkit.checkpoint.files import (
     Position,
@@ -38,14 +41,14 @@ from ddpkit.checkpoint.files import (
     save_checkpoint,
 )
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
-from ddpkit.checkpoint.sharded import load_sharded, read_sharded_extra, save_sharded
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.parallel.fsdp import is_sharded
-from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main, print0
+from ddpkit.parallel.strategy import strategy_of
+from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.preemption import exit_preempted
 from ddpkit.train.progress import EpochProgress, loader_generator_state
 from ddpkit.train.signature import check_same_model, model_signature
+from ddpkit.train.state import TrainingRun
 
 
 class Checkpointer:
@@ -97,7 +100,7 @@ class Checkpointer:
         return None if folder is None else cls(folder, save_every, save_every_steps, keep_last)
 
     def step_done(
-        self, trainer: Any, progress: EpochProgress, stop: str | None, last: bool
+        self, trainer: TrainingRun, progress: EpochProgress, stop: str | None, last: bool
     ) -> None:
         """After an optimizer step: the periodic checkpoint, or the last one before stopping.
 
@@ -113,7 +116,7 @@ class Checkpointer:
             if stop:
                 exit_preempted(stop, _position(trainer, progress).describe(), path)
 
-    def epoch_done(self, trainer: Any, loader: Any, epochs: int, stop: str | None) -> None:
+    def epoch_done(self, trainer: TrainingRun, loader: Any, epochs: int, stop: str | None) -> None:
         """After an epoch: periodic, final, owed by the last step, or stopping."""
         every = self.save_every
         periodic = (every is not None and trainer.epoch % every == 0) or self._owed
@@ -125,7 +128,10 @@ class Checkpointer:
                 exit_preempted(stop, _position(trainer, None).describe(), path)
 
     def save(
-        self, trainer: Any, generator_state: torch.Tensor | None, progress: EpochProgress | None
+        self,
+        trainer: TrainingRun,
+        generator_state: torch.Tensor | None,
+        progress: EpochProgress | None,
     ) -> Path:
         """Write a checkpoint at the trainer's position (a collective); returns its path."""
         position = _position(trainer, progress)
@@ -135,21 +141,23 @@ class Checkpointer:
             "ranks": gather_from_ranks(mine),
             "model_signature": model_signature(trainer.model),
         }
-        if is_sharded(trainer.model):  # every rank writes its shards
+        if strategy_of(trainer.model).sharded:  # every rank writes its shards
             state = {**trainer.state_dict(weights=False), **extra}
-            path = save_sharded(trainer.model, trainer.optimizer, state, self.folder, position)
+            path: Path = _sharded().save_sharded(
+                trainer.model, trainer.optimizer, state, self.folder, position
+            )
         else:  # replicas are identical under DDP: one writer is enough
             path = self.folder / position.name()
             if is_main():
                 state = {**trainer.state_dict(), **extra}
                 save_checkpoint(state, self.folder, position.epoch, position.step)
         if is_main():
-            print(f"ddpkit: saved {path}", flush=True)
+            logger.info(f"saved {path}")
             if self.keep_last is not None:
                 prune_checkpoints(self.folder, self.keep_last)  # only after the new one is durable
         return path
 
-    def resume(self, trainer: Any, loader: Any) -> EpochProgress | None:
+    def resume(self, trainer: TrainingRun, loader: Any) -> EpochProgress | None:
         """Load the newest usable checkpoint into ``trainer``; the epoch's position, if any.
 
         A collective: every rank loads the same checkpoint.
@@ -182,43 +190,49 @@ class Checkpointer:
         if problem:
             world = current_world()
             who = f"rank {world.rank}: " if world.world_size > 1 else ""
-            print(f"ddpkit: warning: {who}skipping {path}: {problem}", file=sys.stderr, flush=True)
+            logger.warning(f"warning: {who}skipping {path}: {problem}", extra=EVERY_RANK)
         barrier()  # every rank is done with the file before it is renamed
         if is_main() and path.exists():
-            print0(f"ddpkit: kept it as {quarantine(path).name}; resuming from an older one")
+            logger.info(f"kept it as {quarantine(path).name}; resuming from an older one")
         return None
 
     def _continue_from(
-        self, path: Path, state: dict[str, Any], trainer: Any, loader: Any
+        self, path: Path, state: dict[str, Any], trainer: TrainingRun, loader: Any
     ) -> EpochProgress:
         check_same_model(state.get("model_signature"), trainer.model, path)
         if path.suffix == ".dcp":
-            load_sharded(trainer.model, trainer.optimizer, path)
+            _sharded().load_sharded(trainer.model, trainer.optimizer, path)
         trainer.load_state_dict(state)
         progress = _restored_progress(state, trainer, loader, path)
         where = parse_name(path.name)
-        print0(f"ddpkit: resumed from {path}" + (f" ({where.describe()})" if where else ""))
+        logger.info(f"resumed from {path}" + (f" ({where.describe()})" if where else ""))
         return progress
 
 
-def _check_format(path: Path, model: Any) -> None:
+def _check_format(path: Path, model: nn.Module) -> None:
     # A refusal, not a damaged file: the checkpoint is fine, the model is not the one for it.
-    if path.suffix != ".dcp" and is_sharded(model):
+    if path.suffix != ".dcp" and strategy_of(model).sharded:
         raise CheckpointError(
             f"{path} is a whole-model checkpoint but this model is sharded (FSDP); resume "
             "it with the strategy that wrote it, or start a new checkpoint_dir"
         )
 
 
+def _sharded() -> ModuleType:
+    """Sharded checkpoints' module: torch's DCP is imported only when one is written or read."""
+    return importlib.import_module("ddpkit.checkpoint.sharded")
+
+
 def _read(path: Path) -> dict[str, Any]:
     """Load and check this rank's part of a checkpoint; no collective (a rank may fail)."""
     if path.suffix == ".dcp":
-        return read_sharded_extra(path)
+        extra: dict[str, Any] = _sharded().read_sharded_extra(path)
+        return extra
     return load_checkpoint(path, map_location=current_world().device)
 
 
 def _restored_progress(
-    state: dict[str, Any], trainer: Any, loader: Any, path: Path
+    state: dict[str, Any], trainer: TrainingRun, loader: Any, path: Path
 ) -> EpochProgress:
     """The first epoch to run after resuming, with this rank's generators to restore."""
     progress = EpochProgress(trainer.epoch, loader)
@@ -228,8 +242,8 @@ def _restored_progress(
         return progress
     saved_by = len(ranks)
     if saved_by != world.world_size:
-        print0(
-            f"ddpkit: {path.name} was written by {saved_by} rank(s) and this run has "
+        logger.info(
+            f"{path.name} was written by {saved_by} rank(s) and this run has "
             f"{world.world_size}: random streams start afresh"
             + (" and the interrupted epoch restarts" if state.get("progress") else "")
         )
@@ -242,7 +256,7 @@ def _restored_progress(
     return progress
 
 
-def _position(trainer: Any, progress: EpochProgress | None) -> Position:
+def _position(trainer: TrainingRun, progress: EpochProgress | None) -> Position:
     if progress is None:
         return Position(trainer.epoch)
     return Position(trainer.epoch + 1, trainer.step)

@@ -14,23 +14,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch import nn
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 from torch.utils.data import DistributedSampler
 
-from ddpkit.parallel.fsdp import is_sharded
+from ddpkit.parallel.strategy import strategy_of
+from ddpkit.train.state import TrainingRun
 
 
-def describe_training(trainer: Any, loader: Any) -> str:
-    """``ddpkit: training ...`` with strategy, global batch, LR, precision and padding.
+def describe_training(trainer: TrainingRun, loader: Any) -> str:
+    """``training ...`` with strategy, global batch, LR, precision and padding (logged as
+    ``ddpkit: training ...``).
 
     Example:
         >>> describe_training(trainer, train_loader)  # doctest: +SKIP
-        'ddpkit: training DDP; global batch 64 = 32 per device x 2 ranks; lr 0.001; fp32'
+        'training DDP; global batch 64 = 32 per device x 2 ranks; lr 0.001; fp32'
     """
     world_size = trainer.world.world_size
-    name = strategy_name(trainer.model)
-    parts = [f"ddpkit: training {name.upper() if name != 'none' else 'an unwrapped model'}"]
+    name = strategy_of(trainer.model).name
+    parts = [f"training {name.upper() if name != 'none' else 'an unwrapped model'}"]
     parts.append(_batch_text(getattr(loader, "batch_size", None), world_size, trainer.accumulate))
     plan = getattr(loader, "ddpkit_batch_plan", None)
     if plan is not None and plan.policy != "per_device":
@@ -41,7 +41,7 @@ def describe_training(trainer: Any, loader: Any) -> str:
     return "; ".join(parts + ([note] if note else []))
 
 
-def setup_record(trainer: Any, loader: Any) -> dict[str, Any]:
+def setup_record(trainer: TrainingRun, loader: Any) -> dict[str, Any]:
     """The run's set-up as plain values, for ``ddpkit bench`` (see :mod:`ddpkit.runtime.reporting`).
 
     Example:
@@ -53,7 +53,7 @@ def setup_record(trainer: Any, loader: Any) -> dict[str, Any]:
     plan = getattr(loader, "ddpkit_batch_plan", None)
     return {
         "world_size": world_size,
-        "strategy": strategy_name(trainer.model),
+        "strategy": strategy_of(trainer.model).name,
         "per_device_batch": per_device,
         "global_batch": per_device * world_size * trainer.accumulate if per_device else None,
         "batch_policy": plan.policy if plan is not None else "per_device",
@@ -63,22 +63,6 @@ def setup_record(trainer: Any, loader: Any) -> dict[str, Any]:
         "lr": float(trainer.optimizer.param_groups[0]["lr"]),
         "precision": trainer.precision.precision,
     }
-
-
-def strategy_name(model: nn.Module) -> str:
-    """The strategy a prepared model runs under, as ``prepare_model`` names it.
-
-    Example:
-        >>> strategy_name(nn.Linear(2, 2))
-        'none'
-    """
-    if is_sharded(model):
-        return "fsdp"
-    if isinstance(model, DistributedDataParallel):
-        return "ddp"
-    if isinstance(model, DataParallel):
-        return "dp"
-    return "none"
 
 
 def _batch_text(per_device: int | None, world_size: int, accumulate: int) -> str:

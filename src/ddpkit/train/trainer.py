@@ -34,13 +34,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
+from ddpkit._core.log import logger
 from ddpkit._core.validate import check_positive_int, check_training_options
-from ddpkit.data.loader import inputs_and_targets, real_samples_on_rank, set_epoch
+from ddpkit.data.loader import inputs_and_targets, real_samples_on_rank
 from ddpkit.errors import CheckpointError, NonFiniteLossError
-from ddpkit.parallel.fsdp import is_sharded, no_gradient_sync
-from ddpkit.parallel.strategy import unwrap_model
+from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import print0
 from ddpkit.runtime.reporting import report
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
@@ -128,7 +127,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.accumulate = accumulate
         self.clip_grad_norm = clip_grad_norm
-        self.precision = MixedPrecision(precision, self.world.device, sharded=is_sharded(model))
+        self.strategy = strategy_of(model)  # what the loop, resume and checks ask of it
+        self.precision = MixedPrecision(precision, self.world.device, sharded=self.strategy.sharded)
         self.scheduler = scheduler
         self.scheduler_interval = scheduler_interval
         self.epoch = 0  # completed epochs
@@ -154,16 +154,17 @@ class Trainer:
         """
         check_positive_int("epochs", epochs)
         progress = self.checkpoints.resume(self, train) if self.checkpoints else None
-        self._announce(train)  # seeds the rank streams; a resumed epoch restores its own
-        self._monitor.fit_started(self, train)
+        setup = setup_record(self, train)
+        self._announce(train, setup)  # seeds the rank streams; a resumed epoch restores its own
+        self._monitor.fit_started(self.model, setup, self.step)
         if self.epoch >= epochs:
-            print0(f"ddpkit: already trained {self.epoch} of {epochs} epochs; nothing to do")
+            logger.info(f"already trained {self.epoch} of {epochs} epochs; nothing to do")
         with self._catching_stop_signals():
             for epoch in range(self.epoch, epochs):
                 if progress is None or progress.epoch != epoch:  # else: the resumed epoch
                     progress = EpochProgress(epoch, train)
                 self._run_epoch(train, progress, epochs, val)
-        self._monitor.fit_finished(self, self.step)
+        self._monitor.fit_finished(self.model, self.step)
         return self.history
 
     def resume(self) -> bool:
@@ -253,7 +254,7 @@ class Trainer:
             "grad_scaler": self.precision.state_dict(),
         }
         if weights:
-            state["model"] = unwrap_model(self.model).state_dict()
+            state["model"] = self.strategy.unwrap(self.model).state_dict()
             state["optimizer"] = self.optimizer.state_dict()
         return state
 
@@ -265,7 +266,7 @@ class Trainer:
         """
         if "model" in state:
             try:
-                unwrap_model(self.model).load_state_dict(state["model"])
+                self.strategy.unwrap(self.model).load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
             except (KeyError, RuntimeError, ValueError) as err:
                 raise CheckpointError(
@@ -282,13 +283,13 @@ class Trainer:
     def _train_epoch(
         self, loader: Iterable[Any], progress: EpochProgress, epochs: int
     ) -> dict[str, float]:
-        set_epoch(loader, progress.epoch)  # type: ignore[arg-type]
+        batches = progress.batches_from(loader)  # tells the sampler the epoch
         self._monitor.epoch_started(loader)
         self.model.train()
         total = len(loader) if isinstance(loader, Sized) else None
         self.optimizer.zero_grad(set_to_none=True)
-        bar = progress_bar(progress.batches_from(loader), total, progress.batches,
-                        f"epoch {progress.epoch + 1}/{epochs}")  # fmt: skip
+        desc = f"epoch {progress.epoch + 1}/{epochs}"
+        bar = progress_bar(batches, total, progress.batches, desc)
         even = same_batch_count(self.model, total, self._guard.policy)
         with join_unless(even, self.model), self._monitor.ending():
             for index, batch in enumerate(self._monitor.batches(bar), start=progress.batches):
@@ -324,11 +325,7 @@ class Trainer:
         """All-reduce gradients only on the last micro-step of an accumulation group."""
         if final:
             return contextlib.nullcontext()
-        if isinstance(self.model, DistributedDataParallel):
-            return self.model.no_sync()
-        if is_sharded(self.model):
-            return no_gradient_sync(self.model)
-        return contextlib.nullcontext()
+        return self.strategy.no_sync(self.model)
 
     def _optimizer_step(self, collective: bool) -> str | None:
         """The guard's verdict, then the update; returns a stop signal all ranks agreed on.
@@ -343,7 +340,7 @@ class Trainer:
             self._update_weights()
         self.step += 1
         self._monitor.next_step(self.step + 1)
-        self._monitor.step_done(self, self.step)
+        self._monitor.step_done(self.model, self.step)
         return verdict.stop
 
     def _update_weights(self) -> None:
@@ -365,17 +362,17 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.skipped_steps += 1
         where = ", ".join(f"{value} on rank {rank}" for rank, value in sorted(ranks.items()))
-        print0(f"ddpkit: skipped step {self.step + 1}: loss is {where} ({self.skipped_steps} "
+        logger.info(f"skipped step {self.step + 1}: loss is {where} ({self.skipped_steps} "
                "skipped so far)")  # fmt: skip
 
     def _stop_signal(self) -> int:
         return self._signals.signum if self._signals is not None else 0
 
-    def _announce(self, loader: Iterable[Any]) -> None:
+    def _announce(self, loader: Iterable[Any], setup: dict[str, Any]) -> None:
         """Say once how the run is set up; seed the per-rank random streams."""
         if not self._announced:
-            print0(describe_training(self, loader))
-            report("setup", **setup_record(self, loader))
+            logger.info(describe_training(self, loader))
+            report("setup", **setup)
             self._announced = True
         seed = configured_seed()
         if seed is not None:  # augmentation and dropout differ per rank, reproducibly

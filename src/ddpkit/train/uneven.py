@@ -22,11 +22,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.algorithms.join import Join
-from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.fsdp import is_sharded
+from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max
 from ddpkit.runtime.session import current_world
 
@@ -45,9 +43,11 @@ def same_batch_count(model: nn.Module, total: int | None, nonfinite_loss: str) -
     if most == fewest and fewest >= 0:
         return True
     spread = f"ranks have between {fewest:.0f} and {most:.0f} batches (-1: no length)"
-    if is_sharded(model):
+    strategy = strategy_of(model)
+    if strategy.uneven_batches == "refuse":
         raise ConfigError(
-            f"FSDP needs the same number of batches on every rank, but {spread}; shard with "
+            f"{strategy.name.upper()} needs the same number of batches on every rank, but "
+            f"{spread}; shard with "
             "ddpkit.prepare_loader (uneven='pad' or 'drop'), or use strategy='ddp'"
         )
     if nonfinite_loss == "skip":
@@ -65,6 +65,7 @@ def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManag
         >>> join_unless(True, torch.nn.Linear(1, 1))  # doctest: +ELLIPSIS
         <contextlib.nullcontext object at ...>
     """
-    if not even and isinstance(model, DistributedDataParallel):
-        return Join([model])
+    strategy = strategy_of(model)
+    if not even and strategy.uneven_batches == "join":
+        return strategy.join(model)
     return contextlib.nullcontext()  # no collectives inside the loop: nothing can hang

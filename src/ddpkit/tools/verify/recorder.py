@@ -1,24 +1,27 @@
-"""What ``ddpkit verify`` records inside the script it runs (through the Trainer).
+"""What ``ddpkit verify`` records inside the script it runs, as an observer of training.
 
 ``ddpkit verify`` runs the unchanged script twice, as N workers and as one process standing
-in for them (see :func:`ddpkit.data.loader.reference_world_size`), with ``DDPKIT_VERIFY_DIR`` set.
-Then this recorder notes, in each run: every rank's weights and random-generator state when
-``prepare_model`` is called (before DDP broadcasts rank 0's weights and hides a difference),
-the parameters before the first step and after the last, which samples each rank trained on
-and a fingerprint of each, the sampler's coverage of the first epoch, the replica checks,
-and the model's layers that make runs differ by design (BatchNorm, Dropout). Rank 0 writes
-``record.json`` and ``params.pt`` (tensors only); verify compares the two runs.
+in for them (see :func:`ddpkit.data.loader.reference_world_size`), with
+``DDPKIT_VERIFY_DIR`` set and :func:`install` named in ``DDPKIT_WORKER_SETUP``: each worker
+registers a :class:`Recorder` before the script starts (:mod:`ddpkit.runtime.observers`; no
+library module imports this one). The recorder notes, in each run: every rank's weights and
+random-generator state when ``prepare_model`` is called (before DDP broadcasts rank 0's
+weights and hides a difference), the parameters before the first step and after the last,
+which samples each rank trained on and a fingerprint of each, the sampler's coverage of the
+first epoch, the replica checks, and the model's layers that make runs differ by design
+(BatchNorm, Dropout). Rank 0 writes ``record.json`` and ``params.pt`` (tensors only); verify
+compares the two runs.
 
 Example:
-    >>> active_recorder({}) is None     # not under ddpkit verify
-    True
+    >>> Recorder(Path("/tmp/verify-run")).finished
+    False
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,40 +31,32 @@ from torch import nn
 from ddpkit._core.protocol import VERIFY_DIR_ENV
 from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.data.loader import batch_size_of, reference_world_size
-from ddpkit.parallel.fsdp import is_sharded
-from ddpkit.parallel.replicas import Divergence, fingerprint
-from ddpkit.parallel.strategy import unwrap_model
+from ddpkit.parallel.replicas import fingerprint
+from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_gather_rows, is_main
+from ddpkit.runtime.observers import Observer, add_observer
 from ddpkit.runtime.session import current_world
-from ddpkit.train.startup import setup_record, strategy_name
 
 RECORD_FILE = "record.json"
 PARAMS_FILE = "params.pt"
 _MAX_SAMPLES = 4096  # fingerprinted samples per rank: enough to tell, small to gather
 
-_recorder: Recorder | None = None
-_looked = False
 
+def install() -> Recorder:
+    """The worker setup ``ddpkit verify`` names in ``DDPKIT_WORKER_SETUP``: record this run.
 
-def active_recorder(environ: Mapping[str, str] | None = None) -> Recorder | None:
-    """The recorder of this process when ``ddpkit verify`` started it, else None.
+    Registers a :class:`Recorder` writing to ``DDPKIT_VERIFY_DIR`` as an observer of
+    training (:mod:`ddpkit.runtime.observers`), before the script starts.
 
-    Example:
-        >>> active_recorder({"DDPKIT_VERIFY_DIR": "/tmp/v"}).out  # doctest: +SKIP
-        PosixPath('/tmp/v')
+    Example::
+
+        DDPKIT_WORKER_SETUP=ddpkit.tools.verify.recorder:install DDPKIT_VERIFY_DIR=/tmp/v \\
+            python -m ddpkit.launch.worker train.py
     """
-    global _recorder, _looked
-    if environ is not None:
-        path = environ.get(VERIFY_DIR_ENV)
-        return Recorder(Path(path)) if path else None
-    if not _looked:
-        _looked = True
-        path = os.environ.get(VERIFY_DIR_ENV)
-        _recorder = Recorder(Path(path)) if path else None
-    return _recorder
+    return add_observer(Recorder(Path(os.environ[VERIFY_DIR_ENV])))
 
 
-class Recorder:
+class Recorder(Observer):
     """Collects one run's facts for ``ddpkit verify``; rank 0 writes them at the end.
 
     Example:
@@ -87,12 +82,12 @@ class Recorder:
         rows = torch.cat(all_gather_rows(mine)).tolist()
         self.build = {"weights": [r[0] for r in rows], "rng": [r[1] for r in rows]}
 
-    def fit_started(self, trainer: Any, loader: Any) -> None:
+    def fit_started(self, model: nn.Module, setup: Mapping[str, Any]) -> None:
         """The set-up and the parameters before the first step."""
-        self.setup = {**setup_record(trainer, loader), **model_notes(trainer.model)}
-        self._initial = full_state(trainer.model)
+        self.setup = {**setup, **model_notes(model)}
+        self._initial = full_state(model)
 
-    def epoch_started(self, loader: Any) -> None:
+    def epoch_started(self, loader: Iterable[Any]) -> None:
         """Check the first epoch's coverage; note this epoch's sample order."""
         if self.coverage is None:
             self.coverage = sampler_coverage(loader)
@@ -100,7 +95,7 @@ class Recorder:
         self._epoch_order = list(sampler) if listable(sampler) else []  # type: ignore[arg-type]
         self._position = 0
 
-    def batch_seen(self, batch: Any) -> None:
+    def batch_loaded(self, batch: Any) -> None:
         """Fingerprint each sample of a (inputs, targets) batch, by dataset index."""
         n = batch_size_of(batch)
         indices = self._epoch_order[self._position : self._position + n]
@@ -111,18 +106,19 @@ class Recorder:
         for row, index in enumerate(indices):
             self._samples.append([index, fingerprint(inputs[row]), fingerprint(targets[row])])
 
-    def replicas_checked(self, step: int, divergence: Divergence | None) -> None:
-        """Note a replica check; keep the first divergence."""
+    def replicas_checked(self, step: int, divergence: Mapping[str, Any] | None) -> bool:
+        """Note a replica check; keep the first divergence (verify reports it, training goes on)."""
         self.replicas["checked"].append(step)
         if divergence is not None and self.replicas["divergence"] is None:
-            self.replicas["divergence"] = vars(divergence)
+            self.replicas["divergence"] = dict(divergence)
+        return True
 
-    def finish(self, trainer: Any, steps: int) -> None:
+    def fit_finished(self, model: nn.Module, steps: int) -> None:
         """Gather and write the record (a collective; rank 0 writes). Only the first call."""
         if self.finished:
             return
         self.finished = True
-        final = full_state(trainer.model)
+        final = full_state(model)
         samples = _gather_samples(self._samples)
         if is_main():
             self._write(steps, final, samples)
@@ -150,7 +146,7 @@ def model_notes(model: nn.Module) -> dict[str, Any]:
         >>> model_notes(nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)))["dropout"]
         ['1']
     """
-    module = unwrap_model(model)
+    module = strategy_of(model).unwrap(model)
     batchnorm, dropout = [], []
     for name, layer in module.named_modules():
         synced = isinstance(layer, nn.SyncBatchNorm)
@@ -161,29 +157,19 @@ def model_notes(model: nn.Module) -> dict[str, Any]:
     return {
         "batchnorm": batchnorm,
         "dropout": dropout,
-        "strategy": strategy_name(model),
+        "strategy": strategy_of(model).name,
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
     }
 
 
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's state on CPU (on rank 0; under FSDP a collective that gathers it).
+    """The whole model's state on CPU (under FSDP a collective that gathers it).
 
     Example:
         >>> sorted(full_state(nn.Linear(2, 1)))
         ['bias', 'weight']
     """
-    if is_sharded(model):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state = get_model_state_dict(model, options=options)
-    else:
-        state = unwrap_model(model).state_dict()
-    return {name: t.detach().cpu().clone() for name, t in state.items() if torch.is_tensor(t)}
+    return strategy_of(model).full_state(model)
 
 
 def _weights_fingerprint(model: nn.Module) -> int:

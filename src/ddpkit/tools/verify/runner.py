@@ -28,6 +28,7 @@ from ddpkit._core.protocol import (
     MAX_STEPS_ENV,
     REFERENCE_WORLD_ENV,
     VERIFY_DIR_ENV,
+    WORKER_SETUP_ENV,
 )
 from ddpkit.errors import DdpkitError
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
@@ -44,6 +45,7 @@ from ddpkit.tools.verify.report import (
 )
 
 DEFAULT_STEPS = 10
+RECORDER_SETUP = "ddpkit.tools.verify.recorder:install"
 DEFAULT_TIMEOUT_S = 600.0
 
 
@@ -118,10 +120,15 @@ def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
         10
     """
     folder.mkdir(parents=True, exist_ok=True)
-    env = {VERIFY_DIR_ENV: str(folder.resolve()), MAX_STEPS_ENV: str(config.steps)}
+    env = {
+        VERIFY_DIR_ENV: str(folder.resolve()),
+        MAX_STEPS_ENV: str(config.steps),
+        WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through an observer
+    }
     if workers == 1:  # one process standing in for the N workers
         env[REFERENCE_WORLD_ENV] = str(config.workers)
-        command = [sys.executable, config.script, *config.script_args]
+        command = [sys.executable, "-m", "ddpkit.launch.worker", config.script]
+        command += config.script_args
     else:
         env[CHECK_REPLICAS_ENV] = str(config.check_every)
         command = ddpkit_run_command(workers, config.script, list(config.script_args))
