@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from launch_helpers import ensure_debian_packages, metric_lines, wine_on_one_host
-from slurm_cluster import PACKAGES, SlurmCluster, start_cluster
+from helpers.launch_helpers import ensure_debian_packages, metric_lines, wine_on_one_host
+from helpers.slurm_cluster import PACKAGES, SlurmCluster, start_cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (mp_workers)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (helpers.mp_workers)
 
 import ddpkit
-from mp_workers import toy_dataset, toy_model
+from helpers.mp_workers import toy_dataset, toy_model
 
 
 def die_on_checkpoint_rename(count: int) -> None:

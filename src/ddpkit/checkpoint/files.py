@@ -38,7 +38,7 @@ from typing import IO, Any
 import torch
 
 from ddpkit.checkpoint.integrity import seal, verify_seal
-from ddpkit.errors import CheckpointError
+from ddpkit.errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"^epoch_(\d{6,})(?:_step_(\d{6,}))?\.(pt|dcp)$")
 INVALID_SUFFIX = ".invalid"  # a checkpoint that failed its checks, kept for inspection
@@ -236,7 +236,7 @@ def prune_checkpoints(folder: str | os.PathLike[str], keep: int) -> list[Path]:
         ['epoch_000001.pt']
     """
     if keep < 1:
-        raise ValueError(f"keep must be >= 1 (got {keep})")
+        raise ConfigError(f"keep must be >= 1 (got {keep})")
     doomed = list_checkpoints(folder)[:-keep]
     for path in doomed:
         remove_path(path)

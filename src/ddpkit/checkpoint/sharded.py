@@ -47,6 +47,7 @@ from ddpkit.checkpoint.files import (
 from ddpkit.checkpoint.integrity import file_digest
 from ddpkit.errors import CheckpointError
 from ddpkit.runtime.collectives import all_gather_rows, barrier, get_rank, is_main
+from ddpkit.runtime.watchdog import watch
 
 TRAINER_FILE = "trainer.pt"
 _METADATA_MODULE = "torch.distributed.checkpoint.metadata"
@@ -95,8 +96,8 @@ def save_sharded(
         shutil.rmtree(staging, ignore_errors=True)  # left by a run that died mid-write
         staging.mkdir(parents=True)
     barrier()
-    model_state, optim_state = get_state_dict(model, optimizer)
-    with _single_process_is_intended():
+    with _dcp_call(f"saving the sharded checkpoint {final.name}"):
+        model_state, optim_state = get_state_dict(model, optimizer)
         dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=staging)
     barrier()  # every shard and DCP's metadata are on disk
     digests = _shard_digests(staging)
@@ -141,19 +142,19 @@ def load_sharded(
         >>> load_sharded(fsdp_model, optimizer, "runs/x/epoch_000002.dcp")  # doctest: +SKIP
     """
     path = Path(path)
-    model_state, optim_state = get_state_dict(model, optimizer)  # templates to load into
-    state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
-    try:
-        with _single_process_is_intended():
+    with _dcp_call(f"loading the sharded checkpoint {path.name}"):
+        model_state, optim_state = get_state_dict(model, optimizer)  # templates to load into
+        state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
+        try:
             dcp_load(state, storage_reader=SafeFileSystemReader(path))
-    except (RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as err:
-        raise CheckpointError(
-            f"sharded checkpoint {path} does not match this model/optimizer or is damaged: "
-            f"{str(err).strip()[:500]}"
-        ) from err
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
+        except (RuntimeError, ValueError, KeyError, pickle.UnpicklingError) as err:
+            raise CheckpointError(
+                f"sharded checkpoint {path} does not match this model/optimizer or is damaged: "
+                f"{str(err).strip()[:500]}"
+            ) from err
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+        )
 
 
 def _shard_digests(folder: Path) -> dict[str, str]:
@@ -210,9 +211,11 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 @contextlib.contextmanager
-def _single_process_is_intended() -> Iterator[None]:
+def _dcp_call(label: str) -> Iterator[None]:
+    """A DCP call: its collectives are timed by the hang watchdog, and its one-process
+    warning is silenced."""
     # Without a process group DCP warns that it assumes one process; in a world of one
     # (loading an FSDP checkpoint for evaluation, say) that is exactly the intent.
-    with warnings.catch_warnings():
+    with watch(label), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield

@@ -37,6 +37,7 @@ from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.commhooks import COMM_HOOKS
 from ddpkit.runtime.observers import observers
 from ddpkit.runtime.session import current_world
+from ddpkit.runtime.watchdog import watch
 
 # name -> "module:descriptor". Asked in this order which one owns a model; "none" owns any.
 STRATEGY_MODULES: dict[str, str] = {
@@ -81,11 +82,14 @@ def prepare_model(
     descriptor = get_strategy(strategy)
     _check_options(descriptor, options)
     world = current_world()
-    for observer in observers():  # before wrapping evens the ranks' weights out
-        observer.model_built(model)
-    if sync_batchnorm:
-        model = _convert_sync_batchnorm(model, world)
-    return descriptor.wrap(model, world, options)
+    # Wrapping runs collectives (DDP checks the parameters' shapes and broadcasts rank 0's
+    # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
+    with watch(f"prepare_model(strategy={strategy!r})"):
+        for observer in observers():  # before wrapping evens the ranks' weights out
+            observer.model_built(model)
+        if sync_batchnorm:
+            model = _convert_sync_batchnorm(model, world)
+        return descriptor.wrap(model, world, options)
 
 
 def get_strategy(name: str) -> Strategy:

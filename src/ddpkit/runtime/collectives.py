@@ -118,8 +118,8 @@ def all_reduce_mean(value: torch.Tensor | float) -> torch.Tensor | float:
     """
     if not _group_active():
         return value
-    total = all_reduce_sum(_as_tensor(value)) / dist.get_world_size()
-    return total if isinstance(value, torch.Tensor) else float(total.item())
+    # The sum comes back on the input's device (NCCL reduces on the GPU, the input may not be).
+    return all_reduce_sum(value) / dist.get_world_size()
 
 
 def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:

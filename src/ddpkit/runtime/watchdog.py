@@ -329,11 +329,21 @@ def thread_stack(thread_id: int) -> list[str]:
     if frame is None:
         return []
     frames = traceback.extract_stack(frame)
-    own = [f for f in frames if not f.filename.startswith(_LIBRARY_DIRS)][-_STACK_FRAMES:]
+    own = [f for f in frames if not is_library_file(f.filename)][-_STACK_FRAMES:]
     if frames and (not own or own[-1] is not frames[-1]):
         own.append(frames[-1])
     return [line for f in own for line in (f'File "{f.filename}", line {f.lineno}, in {f.name}',
                                            f"  {f.line}") if line.strip()]  # fmt: skip
+
+
+def is_library_file(filename: str) -> bool:
+    """Whether ``filename`` is torch's or ddpkit's own code (left out of hang-report stacks).
+
+    Example:
+        >>> is_library_file(torch.__file__), is_library_file("train.py")
+        (True, False)
+    """
+    return filename.startswith(_LIBRARY_DIRS)
 
 
 def _own_connection(store: Store | None) -> Store | None:

@@ -29,7 +29,7 @@ from ddpkit.data.coverage import describe_coverage
 
 Record = dict[str, Any]
 State = dict[str, torch.Tensor]
-_WORST_SHOWN = 6
+WORST_SHOWN = 6  # tensors listed when the final states differ
 
 
 @dataclass(frozen=True)

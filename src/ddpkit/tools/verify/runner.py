@@ -35,6 +35,7 @@ from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.launch.launcher import check_script
 from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE
 from ddpkit.tools.verify.report import (
+    WORST_SHOWN,
     Finding,
     TensorDiff,
     compare_states,
@@ -180,7 +181,7 @@ def _report(
         return "\n".join(lines)
     bad = [d for d in final if not d.ok]
     if bad:
-        lines += ["worst tensors after the last step:", *(d.row() for d in bad[:6])]
+        lines += ["worst tensors after the last step:", *(d.row() for d in bad[:WORST_SHOWN])]
     lines.append("FAIL: likely causes, most specific first:" if causes else "FAIL")
     for number, cause in enumerate(causes, 1):
         lines.append(

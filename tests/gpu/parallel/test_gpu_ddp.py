@@ -1,0 +1,23 @@
+"""GPU tier: NCCL paths, run only where CUDA GPUs are present (skipped elsewhere)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ddpkit
+from helpers import mp_workers
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+
+
+def test_sync_batchnorm_converts_on_gpus() -> None:
+    assert ddpkit.spawn(mp_workers.batchnorm_types, 2, True) == [["SyncBatchNorm"]] * 2
+
+
+def test_nccl_is_chosen_and_all_reduce_works() -> None:
+    results = ddpkit.spawn(mp_workers.world_fields, 2)
+    assert [r["sum_of_ranks"] for r in results] == [1.0, 1.0]

@@ -1,0 +1,1 @@
+"""Shared test helpers: launching the CLI, worker functions, the test SLURM cluster."""

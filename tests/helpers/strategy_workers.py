@@ -1,0 +1,156 @@
+"""Worker functions for the strategy and training-feature tests (module level for spawn)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.utils.data import DataLoader, Dataset, Subset
+
+import ddpkit
+from ddpkit.train.startup import describe_training
+from helpers.mp_workers import crash_before_step, toy_dataset, toy_model
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Whole parameters on CPU, whatever the strategy (FSDP's shards are gathered: collective)."""
+    state = ddpkit.unwrap_model(model).state_dict()
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+        for k, v in state.items()
+    }
+
+
+def train_toy(
+    strategy: str,
+    per_device: int,
+    epochs: int = 2,
+    clip: float | None = 0.05,
+    folder: str | None = None,
+    save_every: int | None = None,
+    seed_per_rank: bool = False,
+    save_every_steps: int | None = None,
+    crash_at: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Adam + clipping on the toy task under ``strategy``; the final whole parameters.
+
+    ``crash_at=S`` raises before optimizer step S (a crash to resume from)."""
+    world = ddpkit.init(timeout=60)
+    model = toy_model(seed=world.rank if seed_per_rank else 0)
+    units = (nn.Linear,) if strategy == "fsdp" else ()
+    model = ddpkit.prepare_model(model, strategy, fsdp_units=units)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    trainer = ddpkit.Trainer(
+        model, optimizer, F.cross_entropy, folder, save_every, clip_grad_norm=clip,
+        save_every_steps=save_every_steps,
+    )  # fmt: skip
+    if crash_at is not None:
+        crash_before_step(trainer, crash_at, RuntimeError)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=per_device), epochs=epochs)
+    return full_state(model)
+
+
+def initial_weights(strategy: str) -> dict[str, torch.Tensor]:
+    """Each rank builds its model from a different seed; return the prepared weights."""
+    world = ddpkit.init(timeout=60, seed=7)
+    model = ddpkit.prepare_model(toy_model(seed=100 + world.rank), strategy)
+    return full_state(model)
+
+
+def load_wine() -> Any:
+    spec = importlib.util.spec_from_file_location("wine_example", EXAMPLES / "wine.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def wine_accuracy(comm_hooks: list[str | None], epochs: int, precision: str = "fp32") -> list:
+    """(test accuracy, test loss) of the wine example trained once per comm hook (None: plain
+    all-reduce)."""
+    ddpkit.init(timeout=120)
+    wine = load_wine()
+    train_set, test_set = wine.load_data()
+    accuracies = []
+    for hook in comm_hooks:
+        torch.manual_seed(0)
+        model = ddpkit.prepare_model(wine.make_model(), comm_hook=hook)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, precision=precision)
+        trainer.fit(ddpkit.prepare_loader(train_set, batch_size=32), epochs=epochs)
+        result = trainer.evaluate(ddpkit.prepare_loader(test_set, 32, shuffle=False))
+        accuracies.append((result["accuracy"], result["loss"]))
+    return accuracies
+
+
+def sgd_with_policy(
+    batch_size: int, policy: str, n: int = 128, uneven: str = "pad"
+) -> dict[str, Any]:
+    """SGD on n toy samples with a batch policy; the parameters, the plan, the startup line."""
+    ddpkit.init(timeout=60)
+    plan = ddpkit.plan_batch(batch_size, policy, lr=0.1, lr_scaling="linear")
+    model = ddpkit.prepare_model(toy_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # the unscaled rate: same math
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
+    loader = ddpkit.prepare_loader(toy_dataset(n), plan, uneven=uneven)
+    trainer.fit(loader, epochs=2)
+    return {"state": full_state(model), "plan": plan, "startup": describe_training(trainer, loader)}
+
+
+class RandomItems(Dataset[torch.Tensor]):
+    """Each item is fresh randomness: what a random augmentation draws."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(1)
+
+
+def augmentation_draws(seed: int) -> dict[str, list[float]]:
+    """Random draws in DataLoader workers and in the main process after training starts."""
+    ddpkit.init(timeout=60, seed=seed)
+    loader = ddpkit.prepare_loader(RandomItems(), batch_size=4, shuffle=False, num_workers=1)
+    in_workers = [float(x) for batch in loader for x in batch]
+    model = ddpkit.prepare_model(toy_model())
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(8), batch_size=4), epochs=1)
+    return {"workers": in_workers, "main": torch.rand(3).tolist()}
+
+
+def uneven_batches(strategy: str) -> dict[str, Any] | str:
+    """Rank 0 gets 5 batches, rank 1 gets 3, from a plain DataLoader (no DistributedSampler)."""
+    world = ddpkit.init(timeout=60)
+    data = toy_dataset(40)
+    mine = Subset(data, range(0, 20) if world.rank == 0 else range(20, 32))
+    model = ddpkit.prepare_model(toy_model(), strategy)
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
+    try:
+        history = trainer.fit(DataLoader(mine, batch_size=4), epochs=2)
+    except ddpkit.ConfigError as err:
+        return str(err)
+    return {"history": history, "state": full_state(model)}
+
+
+def strategy_errors() -> dict[str, str]:
+    """What prepare_model and the Trainer say about impossible requests in a 2-rank world."""
+    ddpkit.init(timeout=60)
+    messages = {}
+    for name, request in {
+        "dp": lambda: ddpkit.prepare_model(toy_model(), "dp"),
+        "hook_on_fsdp": lambda: ddpkit.prepare_model(toy_model(), "fsdp", comm_hook="bf16"),
+        "global_odd": lambda: ddpkit.plan_batch(7, "global"),
+    }.items():
+        try:
+            request()
+            messages[name] = "no error"
+        except ddpkit.ConfigError as err:
+            messages[name] = str(err)
+    return messages

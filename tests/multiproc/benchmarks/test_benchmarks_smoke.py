@@ -1,0 +1,63 @@
+"""The benchmarks in benchmarks/ run end to end in a tiny configuration (smoke only: no speed
+figures are asserted here; they are measured side by side by the benchmarks themselves)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from helpers.launch_helpers import REPO
+
+pytestmark = pytest.mark.multiproc
+
+
+def run_benchmark(*args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.timeout(320)
+def test_parity_benchmark_reports_every_variant() -> None:
+    out = run_benchmark("benchmarks/parity.py", "--tiny")
+    for row in ("| cnn | single |", "| cnn | raw |", "| cnn | ddpkit |", "| mlp | ddpkit tuned |"):
+        assert row in out
+    ratios = [line.split("|")[4].strip() for line in out.splitlines() if "| ddpkit" in line]
+    assert all(float(r) > 0 for r in ratios)
+
+
+@pytest.mark.timeout(320)
+def test_strategies_benchmark_reports_every_strategy() -> None:
+    out = run_benchmark(
+        "benchmarks/strategies.py", "--width", "64", "--steps", "2", "--rounds", "1"
+    )
+    assert "| ddp |" in out and "| fsdp |" in out and "| ddp + bf16 hook |" in out
+
+
+@pytest.mark.timeout(320)
+def test_watchdog_overhead_benchmark_reports_a_ratio() -> None:
+    out = run_benchmark("benchmarks/watchdog_overhead.py", "--rounds", "1", "--batch", "512")
+    ratio = float(out.strip().splitlines()[-1].rsplit("ratio ", 1)[1])
+    assert ratio > 0
+
+
+def test_guard_overhead_benchmark_reports_a_ratio() -> None:
+    out = run_benchmark("benchmarks/guard_overhead.py", "--workload", "wine", "--rounds", "1")
+    ratios = out.strip().splitlines()[-1].removeprefix("ratios: ").split(", ")
+    assert [r.split()[0] for r in ratios] == ["error/off", "skip/off"]
+    assert all(float(r.split()[1]) > 0 for r in ratios)
+
+
+def test_stop_latency_benchmark_sees_exit_75() -> None:
+    out = run_benchmark("benchmarks/stop_latency.py", "--runs", "1")
+    assert out.startswith("exit 75 ") and "stopped by SIGTERM at" in out
+
+
+def test_checkpoint_cost_benchmark_reports_every_operation() -> None:
+    out = run_benchmark("benchmarks/checkpoint_cost.py", "--layers", "1", "--rounds", "1")
+    for name in ("digest only", "plain save", "sealed save", "plain load", "checked load"):
+        assert name in out

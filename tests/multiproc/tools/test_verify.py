@@ -1,0 +1,47 @@
+"""`ddpkit verify` as a user runs it: a correct script passes, a classic mistake is named."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers.launch_helpers import ddpkit_cli
+
+pytestmark = pytest.mark.multiproc
+
+
+def test_wine_example_passes_with_every_check(tmp_path: Path) -> None:
+    done = ddpkit_cli(
+        "verify", "examples/wine.py", "--workers", "2", "--steps", "6", "--out", str(tmp_path),
+        timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout
+    assert "ok    global batch    64 in both (32 per device)" in lines
+    assert "142 samples, each exactly once per epoch across 2 ranks (71 per rank)" in lines
+    assert "ok    data            142 samples trained on, identical in both runs" in lines
+    assert "ok    replicas        identical on 2 ranks at 6 checks" in lines
+    assert "ok    after 6 steps   4 tensors within rtol 0.0001 + atol 1e-06" in lines
+    assert lines.strip().endswith("PASS: 2 workers computed what one process computes")
+    reference = json.loads((tmp_path / "reference" / "record.json").read_text())
+    assert reference["reference_for"] == 2 and reference["world_size"] == 1  # really 1 process
+
+
+def test_per_rank_seeding_fails_and_names_the_cause() -> None:
+    done = ddpkit_cli("verify", "tests/scripts/seed_per_rank.py", "--steps", "4", timeout=240)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "FAIL  after 4 steps" in done.stdout
+    assert "FAIL  data" in done.stdout
+    causes = " ".join(done.stdout.split("likely causes")[1].split())  # undo the line wrapping
+    assert causes.index("per-rank randomness") < causes.index("the data differs")
+    assert "never with the rank" in causes
+
+
+def test_a_script_without_the_trainer_is_a_clear_error() -> None:
+    done = ddpkit_cli("verify", "tests/scripts/plain_allreduce.py", "--steps", "2", timeout=240)
+    assert done.returncode == 2
+    assert "the single-process reference exited with code 1" in done.stderr
+    assert "environment variable RANK expected" in done.stderr  # the script's own error
+    assert "Traceback" not in done.stderr.split("ddpkit verify: error:")[0]

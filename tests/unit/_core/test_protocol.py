@@ -1,0 +1,40 @@
+"""The launcher-worker protocol: what a worker writes is what the launcher reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddpkit._core.protocol import HANG_MARKER, PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from ddpkit.errors import PreemptedError
+from ddpkit.launch.failures import error_file_texts, preemption_message
+from ddpkit.runtime.errorfile import record_failure
+
+
+def test_the_preemption_exit_code_is_defined_once() -> None:
+    assert PreemptedError.exitcode == PREEMPTED_EXIT_CODE == 75
+
+
+@pytest.mark.parametrize(
+    ("headline", "details"),
+    [
+        (PREEMPTED_MARKER + "stopped by SIGTERM at epoch 2", PREEMPTED_MARKER + "stopped"),
+        (HANG_MARKER + "rank 0 waited 6 s in all_reduce", HANG_MARKER + "the whole report"),
+    ],
+)
+def test_a_recorded_failure_reads_back_in_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headline: str, details: str
+) -> None:
+    error_file = tmp_path / "run" / "attempt_0" / "1" / "error.json"  # torch's layout
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    record_failure(headline, details)
+    assert json.loads(error_file.read_text())["message"]["message"] == headline
+    assert error_file_texts(tmp_path) == [details]
+
+
+def test_the_launcher_recognizes_a_preemption_by_its_marker() -> None:
+    assert preemption_message(PREEMPTED_MARKER + "stopped by SIGUSR1") == "stopped by SIGUSR1"
+    assert preemption_message("ValueError: bad batch") is None

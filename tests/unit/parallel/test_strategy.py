@@ -1,0 +1,73 @@
+"""The strategy descriptors: one answers for each kind of wrapped model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import ddpkit
+from ddpkit.parallel.strategy import STRATEGIES, get_strategy, strategy_of
+
+
+def test_every_strategy_name_has_a_descriptor_of_that_name() -> None:
+    assert [get_strategy(name).name for name in STRATEGIES] == list(STRATEGIES)
+
+
+@pytest.mark.parametrize(
+    ("name", "identical", "checkpoint", "uneven"),
+    [
+        ("ddp", True, "whole", "join"),
+        ("fsdp", False, "sharded", "refuse"),
+        ("dp", True, "whole", "free"),
+        ("none", True, "whole", "free"),
+    ],
+)
+def test_descriptors_answer_what_the_trainer_asks(
+    name: str, identical: bool, checkpoint: str, uneven: str
+) -> None:
+    strategy = get_strategy(name)
+    assert (strategy.replicas_identical, strategy.checkpoint_kind, strategy.uneven_batches) == (
+        identical,
+        checkpoint,
+        uneven,
+    )
+
+
+def test_a_wrapped_model_is_owned_by_its_strategy() -> None:
+    plain = nn.Linear(2, 2)
+    assert strategy_of(plain).name == "none"
+    assert strategy_of(nn.DataParallel(plain)).name == "dp"
+    assert strategy_of(plain).unwrap(plain) is plain
+    assert get_strategy("dp").unwrap(nn.DataParallel(plain)) is plain
+
+
+def test_prepare_model_in_a_world_of_one_leaves_the_model_unwrapped() -> None:
+    ddpkit.init(hang_timeout=0)
+    for name in ("ddp", "fsdp", "none"):
+        model = ddpkit.prepare_model(nn.Linear(2, 2), strategy=name)  # type: ignore[arg-type]
+        assert strategy_of(model).name == "none" and isinstance(model, nn.Linear)
+
+
+def test_choosing_ddp_does_not_import_fsdp() -> None:
+    # Not building a torch optimizer here: torch.optim's constructor imports torch._dynamo,
+    # which imports FSDP itself, under any launcher.
+    code = (
+        "import sys, torch, ddpkit; ddpkit.init(hang_timeout=0); "
+        "m = ddpkit.prepare_model(torch.nn.Linear(2, 2)); ddpkit.Trainer; ddpkit.prepare_loader; "
+        "print(sorted(n for n in sys.modules if n.startswith(('torch.distributed.fsdp', "
+        "'torch.distributed.tensor', 'torch.distributed.checkpoint', 'ddpkit.tools'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_ddp_model_is_ddp_when_torch_wraps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    ddp = get_strategy("ddp")
+    fake = torch.nn.parallel.DistributedDataParallel.__new__(
+        torch.nn.parallel.DistributedDataParallel
+    )
+    assert ddp.owns(fake) and strategy_of(fake).name == "ddp"

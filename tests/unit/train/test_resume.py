@@ -1,0 +1,252 @@
+"""Resuming in a world of one: exact mid-epoch resume, damaged checkpoints, refusals, guards."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+import ddpkit
+from ddpkit.checkpoint import list_checkpoints, load_checkpoint, parse_name, save_checkpoint
+from ddpkit.errors import CheckpointError, NonFiniteLossError
+from ddpkit.train.preemption import StopSignals
+from helpers.mp_workers import cpu_state, crash_before_step, toy_dataset
+
+
+def reseal(state: dict[str, object], path: Path) -> None:
+    """Write an edited checkpoint back with a matching checksum."""
+    position = parse_name(path.name)
+    assert position is not None
+    save_checkpoint(state, path.parent, position.epoch, position.step)
+
+
+class Interrupted(Exception):
+    """Stands in for a crash at a chosen optimizer step."""
+
+
+def dropout_model() -> nn.Module:
+    torch.manual_seed(0)  # dropout makes the result depend on the random state too
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+def train(
+    folder: Path,
+    epochs: int = 3,
+    crash_at: int | None = None,
+    plain_loader: bool = False,
+    model_fn: Callable[[], nn.Module] = dropout_model,
+    **options: object,
+) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
+    """Adam on the toy task (5 steps per epoch), saving every 2 steps; optionally crash."""
+    ddpkit.shutdown()
+    ddpkit.init(seed=3, hang_timeout=0)
+    model = ddpkit.prepare_model(model_fn())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    options = {"save_every_steps": 2, **options}
+    trainer = ddpkit.Trainer(model, opt, F.cross_entropy, folder, **options)  # type: ignore[arg-type]
+    if crash_at is not None:
+        crash_before_step(trainer, crash_at, Interrupted)
+    data = toy_dataset()
+    shuffled = torch.Generator().manual_seed(5)  # a fixed order per run, not per epoch
+    loader = (DataLoader(data, batch_size=8, shuffle=True, generator=shuffled) if plain_loader
+              else ddpkit.prepare_loader(data, batch_size=8))  # fmt: skip
+    history = trainer.fit(loader, epochs=epochs)
+    return cpu_state(model), history
+
+
+@pytest.mark.parametrize("crash_at", [4, 7, 10])
+def test_a_crash_mid_epoch_resumes_to_the_same_parameters(tmp_path: Path, crash_at: int) -> None:
+    full, full_history = train(tmp_path / "full")
+    with pytest.raises(Interrupted):
+        train(tmp_path / "cut", crash_at=crash_at)
+    newest = list_checkpoints(tmp_path / "cut")[-1].name
+    assert "_step_" in newest  # the resume starts inside an epoch
+    resumed, resumed_history = train(tmp_path / "cut")
+    for name, tensor in full.items():
+        assert torch.equal(tensor, resumed[name]), name
+    assert [h["loss"] for h in resumed_history] == pytest.approx(
+        [h["loss"] for h in full_history], rel=1e-12
+    )
+    assert [h["samples"] for h in resumed_history] == [40.0, 40.0, 40.0]  # none repeated
+
+
+def test_a_plain_dataloader_resumes_mid_epoch_by_reading_past_the_done_batches(
+    tmp_path: Path,
+) -> None:
+    full, _ = train(tmp_path / "full", plain_loader=True)
+    with pytest.raises(Interrupted):
+        train(tmp_path / "cut", crash_at=8, plain_loader=True)
+    resumed, history = train(tmp_path / "cut", plain_loader=True)
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    assert history[1]["samples"] == 40.0
+
+
+def test_without_the_random_state_the_resume_would_differ(tmp_path: Path) -> None:
+    """The comparison above is not vacuous: dropout draws depend on the restored state."""
+    full, _ = train(tmp_path / "full")
+    with pytest.raises(Interrupted):
+        train(tmp_path / "cut", crash_at=7)
+    newest = list_checkpoints(tmp_path / "cut")[-1]
+    state = load_checkpoint(newest)
+    state["ranks"][0]["rng"]["torch"] = torch.manual_seed(999).get_state()
+    reseal(state, newest)
+    resumed, _ = train(tmp_path / "cut")
+    assert any(not torch.equal(full[k], resumed[k]) for k in full)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
+    tmp_path: Path, damage: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(tmp_path, epochs=2, keep_last=None)
+    previous, newest = list_checkpoints(tmp_path)[-2:]
+    data = newest.read_bytes()
+    if damage == "truncate":
+        newest.write_bytes(data[: len(data) // 2])
+    else:
+        flipped = bytearray(data)
+        flipped[len(data) // 3] ^= 0x01
+        newest.write_bytes(bytes(flipped))
+    capsys.readouterr()
+    _, history = train(tmp_path, epochs=3)
+    out = capsys.readouterr()
+    assert f"warning: skipping {newest}" in out.err
+    assert f"kept it as {newest.name}.invalid" in out.out
+    resumed_from = re.search(r"resumed from (\S+)", out.out)
+    assert resumed_from and resumed_from.group(1) == str(previous)
+    assert (tmp_path / f"{newest.name}.invalid").exists()
+    assert len(history) == 3
+
+
+def test_when_no_checkpoint_is_usable_the_run_stops_instead_of_starting_over(
+    tmp_path: Path,
+) -> None:
+    train(tmp_path, epochs=1)
+    for path in list_checkpoints(tmp_path):
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"none of the 3 checkpoint\(s\) .* could be loaded"):
+        train(tmp_path, epochs=2)
+
+
+def test_a_pickle_payload_as_newest_checkpoint_is_refused_and_never_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    train(tmp_path, epochs=1)
+    marker = tmp_path / "code-ran"
+
+    class Payload:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model": Payload()}, tmp_path / "epoch_000009.pt")
+    train(tmp_path, epochs=2)
+    assert "weights_only loading refuses to run" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_model_is_refused_with_the_differences(tmp_path: Path) -> None:
+    train(tmp_path, epochs=1)
+
+    def wider() -> nn.Module:
+        return nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 3))
+
+    with pytest.raises(CheckpointError, match=r"a different model \(0\.weight is float32\[16, 6\] "
+                       r"there, float32\[32, 6\] here"):  # fmt: skip
+        train(tmp_path, epochs=2, model_fn=wider)
+    assert len(list_checkpoints(tmp_path)) == 3  # nothing was renamed or deleted
+
+
+def test_keep_last_prunes_only_older_checkpoints(tmp_path: Path) -> None:
+    train(tmp_path, epochs=3, keep_last=2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "epoch_000003_step_000014.pt",
+        "epoch_000003.pt",
+    ]
+
+
+def nan_at_step(step: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    calls = {"n": 0}
+
+    def loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        value = F.cross_entropy(outputs, targets)
+        return value * float("nan") if calls["n"] == step else value
+
+    return loss
+
+
+def test_a_nan_loss_stops_before_the_update_naming_step_and_rank() -> None:
+    ddpkit.init(hang_timeout=0)
+    model = nn.Linear(6, 3)
+    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nan_at_step(3))
+    before_step_3: dict[str, torch.Tensor] = {}
+    real_update = trainer._update_weights
+
+    def remember() -> None:
+        real_update()
+        if trainer.step == 1:  # the update of step 2 is the last before the NaN
+            before_step_3.update(cpu_state(model))
+
+    trainer._update_weights = remember  # type: ignore[method-assign]
+    with pytest.raises(NonFiniteLossError, match=r"loss is nan on rank 0 at step 3 \(epoch 1\)"):
+        trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=1)
+    assert all(torch.equal(v, cpu_state(model)[k]) for k, v in before_step_3.items())
+
+
+def test_skip_policy_skips_the_step_and_training_goes_on(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ddpkit.init(hang_timeout=0)
+    model = nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = ddpkit.Trainer(model, opt, nan_at_step(3), nonfinite_loss="skip")
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
+    assert trainer.skipped_steps == 1 and trainer.step == 10
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert "skipped step 3: loss is nan on rank 0" in capsys.readouterr().out
+
+
+def test_stop_signals_are_caught_only_inside_and_handlers_come_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with StopSignals() as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.received == "SIGTERM" and signals.signum == signal.SIGTERM
+        os.kill(os.getpid(), signal.SIGUSR1)  # a second signal does not replace the first
+        assert signals.received == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_checkpoint_written_by_more_ranks_restarts_its_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(Interrupted):
+        train(tmp_path, crash_at=7)
+    newest = list_checkpoints(tmp_path)[-1]
+    state = load_checkpoint(newest)
+    state["world_size"], state["ranks"] = 2, state["ranks"] * 2  # as if two ranks wrote it
+    reseal(state, newest)
+    capsys.readouterr()
+    _, history = train(tmp_path)
+    assert "written by 2 rank(s) and this run has 1" in capsys.readouterr().out
+    assert history[1]["samples"] == 40.0
+    # Step 6 (epoch 2's first) was saved; epoch 2 ran again in full: 6 + 5 + 5 steps, not 15.
+    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["step"] == 16
+
+
+def test_a_step_checkpoint_on_an_epochs_last_batch_is_that_epochs_checkpoint(
+    tmp_path: Path,
+) -> None:
+    train(tmp_path, epochs=3, keep_last=None, save_every_steps=5)  # 5 steps per epoch
+    assert [p.name for p in list_checkpoints(tmp_path)] == [
+        "epoch_000001.pt",
+        "epoch_000002.pt",
+        "epoch_000003.pt",
+    ]
