@@ -85,9 +85,10 @@ def save_sharded(
     ``extra`` (plain training state) goes into ``trainer.pt`` with the SHA-256 of every
     shard file, each rank hashing its share of the files.
 
-    Example:
-        >>> save_sharded(model, opt, {"epoch": 2}, "runs/x", Position(2))  # doctest: +SKIP
-        PosixPath('runs/x/epoch_000002.dcp')
+    Example::
+
+        save_sharded(model, opt, {"epoch": 2}, "runs/x", Position(2))
+        # PosixPath('runs/x/epoch_000002.dcp')
     """
     folder = Path(folder)
     final = folder / position.name(".dcp")
@@ -115,9 +116,9 @@ def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
     the shard files against their digests. No collective, so a rank that finds damage can
     say so without leaving the others waiting; the training state is returned.
 
-    Example:
-        >>> read_sharded_extra("runs/x/epoch_000002.dcp")["epoch"]  # doctest: +SKIP
-        2
+    Example::
+
+        read_sharded_extra("runs/x/epoch_000002.dcp")["epoch"]   # 2
     """
     path = Path(path)
     extra = load_checkpoint(path / TRAINER_FILE)
@@ -138,8 +139,9 @@ def load_sharded(
 ) -> None:
     """Collective: load the shards of ``path`` into ``model`` and ``optimizer``.
 
-    Example:
-        >>> load_sharded(fsdp_model, optimizer, "runs/x/epoch_000002.dcp")  # doctest: +SKIP
+    Example::
+
+        load_sharded(fsdp_model, optimizer, "runs/x/epoch_000002.dcp")
     """
     path = Path(path)
     with _dcp_call(f"loading the sharded checkpoint {path.name}"):
@@ -177,8 +179,9 @@ def _world_size() -> int:
 class SafeFileSystemReader(FileSystemReader):
     """DCP's file reader, with its metadata unpickled through an allow-list.
 
-    Example:
-        >>> reader = SafeFileSystemReader("runs/x/epoch_000002.dcp")  # doctest: +SKIP
+    Example::
+
+        reader = SafeFileSystemReader("runs/x/epoch_000002.dcp")
     """
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

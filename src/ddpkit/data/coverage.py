@@ -30,9 +30,9 @@ _EXAMPLES = 5
 def sampler_coverage(loader: Any) -> dict[str, Any]:
     """This epoch's coverage over all ranks (a collective: every rank calls it).
 
-    Example:
-        >>> sampler_coverage(train_loader)["verdict"]  # doctest: +SKIP
-        'ok'
+    Example::
+
+        sampler_coverage(train_loader)["verdict"]   # 'ok'
     """
     sampler = getattr(loader, "sampler", None)
     dataset_size = len(loader.dataset)

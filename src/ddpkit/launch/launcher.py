@@ -8,12 +8,14 @@ to the launcher's life (:mod:`ddpkit.launch.lifeline`), has torch's agent pass S
 as it does SIGTERM (SLURM's warning before a time limit), and turns failures, preemptions and
 signals into short, typed errors.
 
-Example:
-    >>> import ddpkit
-    >>> def rank_times_ten():
-    ...     return ddpkit.init().rank * 10
-    >>> ddpkit.spawn(rank_times_ten, 2)  # doctest: +SKIP
-    [0, 10]
+Example (a module-level function: workers receive it pickled)::
+
+    import ddpkit
+
+    def rank_times_ten():
+        return ddpkit.init().rank * 10
+
+    ddpkit.spawn(rank_times_ten, 2)   # [0, 10]
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ def spawn(
     (a module-level function). If a worker raises, :class:`WorkerFailedError` carries its
     rank and traceback, and the other workers are stopped.
 
-    Example:
-        >>> ddpkit.spawn(train, 2, "runs/exp1")  # doctest: +SKIP
-        [None, None]
-        >>> ddpkit.spawn(train, 4, nnodes=2, node_rank=1, master="10.0.0.1:29500")  # doctest: +SKIP
+    Example::
+
+        ddpkit.spawn(train, 2, "runs/exp1")   # [None, None]
+        ddpkit.spawn(train, 4, nnodes=2, node_rank=1, master="10.0.0.1:29500")
     """
     plan = LaunchPlan(
         nproc=nprocs,
@@ -94,8 +96,9 @@ def run_script(
     worker fails, :class:`PreemptedError` when the workers checkpointed and stopped on
     SIGTERM / SIGUSR1, and :class:`StoppedBySignalError` when the launcher was interrupted.
 
-    Example:
-        >>> run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])  # doctest: +SKIP
+    Example::
+
+        run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])
     """
     path = check_script(script)
     defaults = worker_env_defaults(plan)

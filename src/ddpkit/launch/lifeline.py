@@ -34,9 +34,9 @@ def die_with_launcher(
     Returns whether the tie is in place (Linux, started by a ddpkit launcher). If the
     launcher is already gone, the signal is sent at once.
 
-    Example:
-        >>> die_with_launcher(environ={LAUNCHER_PID_ENV: str(os.getppid())})  # doctest: +SKIP
-        True
+    Example::
+
+        die_with_launcher(environ={LAUNCHER_PID_ENV: str(os.getppid())})   # True
     """
     launcher = (os.environ if environ is None else environ).get(LAUNCHER_PID_ENV)
     if launcher is None or not sys.platform.startswith("linux"):

@@ -30,8 +30,9 @@ from ddpkit.launch.lifeline import die_with_launcher
 def main(argv: list[str] | None = None) -> None:
     """Run ``argv[0]`` as ``__main__`` with the rest as its arguments.
 
-    Example:
-        >>> main(["train.py", "--epochs", "3"])  # doctest: +SKIP
+    Example::
+
+        main(["train.py", "--epochs", "3"])
     """
     args = list(sys.argv[1:] if argv is None else argv)
     if not args:

@@ -40,8 +40,9 @@ def register_comm_hook(
 ) -> None:
     """Install the hook called ``name`` on a DDP-wrapped ``model``.
 
-    Example:
-        >>> register_comm_hook(ddp_model, "bf16")  # doctest: +SKIP
+    Example::
+
+        register_comm_hook(ddp_model, "bf16")
     """
     check_choice("comm_hook", name, COMM_HOOKS)
     if name == "powersgd":

@@ -46,7 +46,10 @@ def compose_report(
     ``reporter`` is the rank that noticed; the headline speaks for a rank that waits.
 
     Example:
-        >>> compose_report(states, 2, reporter=0, timeout_s=5)  # doctest: +SKIP
+        >>> states = {0: {"doing": "barrier()", "for_s": 9.0, "progress": 5, "stack": []},
+        ...           1: {"doing": None, "last": "step 4", "progress": 4, "stack": []}}
+        >>> compose_report(states, 2, reporter=0, timeout_s=5).splitlines()[0]
+        'hang: rank 0 waited 9 s in barrier() (hang timeout 5 s); rank 1 has not reached it'
     """
     missing = missing_ranks(states, world_size)
     # Speak from a rank that waits for the others, whichever rank noticed first.

@@ -38,8 +38,9 @@ _GRACE_S = 10.0  # other ranks wait this much longer than rank 0 for its verdict
 def open_store(world: World, method: InitMethod, join_timeout: float) -> Store:
     """Open the store ``method`` names (rank 0 hosts a TCP store unless an agent does).
 
-    Example:
-        >>> open_store(world, InitMethod("file", path="/tmp/pg"), 30)  # doctest: +SKIP
+    Example::
+
+        open_store(world, InitMethod("file", path="/tmp/pg"), 30)
     """
     if method.kind == "file":
         assert method.path is not None
@@ -59,8 +60,9 @@ def open_store(world: World, method: InitMethod, join_timeout: float) -> Store:
 def await_all_ranks(store: Store, world: World, join_timeout: float, where: str) -> None:
     """Announce this rank, and return only once every rank has; else a RendezvousError.
 
-    Example:
-        >>> await_all_ranks(store, world, 30, "127.0.0.1:29500")  # doctest: +SKIP
+    Example::
+
+        await_all_ranks(store, world, 30, "127.0.0.1:29500")
     """
     store.set(f"{JOIN_PREFIX}{world.rank}", "1")
     if world.rank == 0:

@@ -69,7 +69,8 @@ class MixedPrecision:
         """Bring the gradients back to their true size (before clipping them).
 
         Example:
-            >>> MixedPrecision("fp32", torch.device("cpu")).unscale(optimizer)  # doctest: +SKIP
+            >>> weight = torch.nn.Parameter(torch.ones(1))
+            >>> MixedPrecision("fp32", torch.device("cpu")).unscale(torch.optim.SGD([weight], lr=1))
         """
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
@@ -78,7 +79,11 @@ class MixedPrecision:
         """``optimizer.step()``; under fp16 skipped when gradients overflowed, scale updated.
 
         Example:
-            >>> MixedPrecision("fp32", torch.device("cpu")).step(optimizer)  # doctest: +SKIP
+            >>> weight = torch.nn.Parameter(torch.ones(1))
+            >>> weight.grad = torch.ones(1)
+            >>> MixedPrecision("fp32", torch.device("cpu")).step(torch.optim.SGD([weight], lr=1))
+            >>> weight.tolist()
+            [0.0]
         """
         if self.scaler is None:
             optimizer.step()

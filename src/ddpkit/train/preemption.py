@@ -86,8 +86,9 @@ def exit_preempted(signal_name: str, where: str, path: object) -> None:
     writes it; the barrier keeps the others from leaving, and the launcher from stopping
     rank 0, before it is on disk).
 
-    Example:
-        >>> exit_preempted("SIGTERM", "epoch 5, step 412", "runs/x/...")  # doctest: +SKIP
+    Example::
+
+        exit_preempted("SIGTERM", "epoch 5, step 412", "runs/x/...")
     """
     message = (
         f"stopped by {signal_name} at {where} after saving {path}; run the same command "

@@ -41,8 +41,12 @@ class EpochProgress:
     """One epoch in progress on this rank: batches done, metric sums, elapsed time.
 
     Example:
-        >>> EpochProgress(4, loader=[]).epoch  # doctest: +SKIP
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> EpochProgress(4, loader=[]).epoch
         4
+        >>> ddpkit.shutdown()
     """
 
     def __init__(self, epoch: int, loader: Any) -> None:
@@ -75,8 +79,12 @@ class EpochProgress:
         """The position, with the metric sums summed over ranks (a collective).
 
         Example:
-            >>> sorted(progress.state_dict())  # doctest: +SKIP
+            >>> import ddpkit
+            >>> _ = ddpkit.init()
+            ddpkit: world size 1 ...
+            >>> sorted(EpochProgress(0, loader=[]).state_dict())
             ['batches', 'classifier', 'elapsed_s', 'epoch', 'metric_sums', 'top5']
+            >>> ddpkit.shutdown()
         """
         return {
             "epoch": self.epoch,
@@ -91,8 +99,9 @@ class EpochProgress:
         """Continue the saved position; the summed metrics go to rank 0 alone, so the
         epoch's totals count them once.
 
-        Example:
-            >>> progress.load_state_dict(checkpoint["progress"])  # doctest: +SKIP
+        Example::
+
+            progress.load_state_dict(checkpoint["progress"])
         """
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])

@@ -5,9 +5,10 @@ both change with the world size, so they are stated rather than left for the use
 (the tutorials' batch-size advice). The numbers are read from the live objects (the loader's
 batch size, the optimizer's LR, the sampler's padding), not from what was asked for.
 
-Example:
-    >>> _uneven_note(loader)  # doctest: +SKIP
-    '1 sample repeated so the 2 shards are equal (uneven="pad")'
+Example::
+
+    _uneven_note(loader)
+    # '1 sample repeated so the 2 shards are equal (uneven="pad")'
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ def describe_training(trainer: TrainingRun, loader: Any) -> str:
     """``training ...`` with strategy, global batch, LR, precision and padding (logged as
     ``ddpkit: training ...``).
 
-    Example:
-        >>> describe_training(trainer, train_loader)  # doctest: +SKIP
-        'training DDP; global batch 64 = 32 per device x 2 ranks; lr 0.001; fp32'
+    Example::
+
+        describe_training(trainer, train_loader)
+        # 'training DDP; global batch 64 = 32 per device x 2 ranks; lr 0.001; fp32'
     """
     world_size = trainer.world.world_size
     name = strategy_of(trainer.model).name
@@ -44,9 +46,9 @@ def describe_training(trainer: TrainingRun, loader: Any) -> str:
 def setup_record(trainer: TrainingRun, loader: Any) -> dict[str, Any]:
     """The run's set-up as plain values, for ``ddpkit bench`` (see :mod:`ddpkit.runtime.reporting`).
 
-    Example:
-        >>> setup_record(trainer, train_loader)["global_batch"]  # doctest: +SKIP
-        64
+    Example::
+
+        setup_record(trainer, train_loader)["global_batch"]   # 64
     """
     world_size = trainer.world.world_size
     per_device = getattr(loader, "batch_size", None)

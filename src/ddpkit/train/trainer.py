@@ -149,8 +149,9 @@ class Trainer:
         Returns the per-epoch metrics: ``loss`` (sample-weighted over all ranks), ``accuracy``
         for classifiers, ``time_s``, and ``val_*`` when ``val`` is given.
 
-        Example:
-            >>> trainer.fit(train_loader, epochs=10, val=val_loader)  # doctest: +SKIP
+        Example::
+
+            trainer.fit(train_loader, epochs=10, val=val_loader)
         """
         check_positive_int("epochs", epochs)
         progress = self.checkpoints.resume(self, train) if self.checkpoints else None
@@ -172,9 +173,10 @@ class Trainer:
 
         ``fit`` does this by itself; call it to evaluate a checkpoint without training.
 
-        Example:
-            >>> trainer.resume() and trainer.evaluate(val_loader)  # doctest: +SKIP
-            {'loss': 0.41, 'accuracy': 0.88, 'top5_accuracy': 0.99}
+        Example::
+
+            trainer.resume() and trainer.evaluate(val_loader)
+            # {'loss': 0.41, 'accuracy': 0.88, 'top5_accuracy': 0.99}
         """
         return self.checkpoints is not None and self.checkpoints.resume(self, None) is not None
 
@@ -212,9 +214,9 @@ class Trainer:
         Exact over the whole dataset: samples the sampler repeated to even out the shards
         are left out, so the metric is the one a single process would compute.
 
-        Example:
-            >>> trainer.evaluate(val_loader)  # doctest: +SKIP
-            {'loss': 0.08, 'accuracy': 0.97}
+        Example::
+
+            trainer.evaluate(val_loader)   # {'loss': 0.08, 'accuracy': 0.97}
         """
         self.model.eval()
         sums = MetricSums(self.world.device)
@@ -239,9 +241,10 @@ class Trainer:
 
         ``weights=False`` leaves out the model and optimizer (FSDP saves those as shards).
 
-        Example:
-            >>> sorted(trainer.state_dict())  # doctest: +SKIP
-            ['epoch', 'format', 'grad_scaler', 'history', 'model', 'optimizer', ...]
+        Example::
+
+            sorted(trainer.state_dict())
+            # ['epoch', 'format', 'grad_scaler', 'history', 'model', 'optimizer', ...]
         """
         state = {
             "format": CHECKPOINT_FORMAT,
@@ -261,8 +264,9 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict` output (for example a loaded checkpoint).
 
-        Example:
-            >>> trainer.load_state_dict(ddpkit.checkpoint.load_checkpoint(path))  # doctest: +SKIP
+        Example::
+
+            trainer.load_state_dict(ddpkit.checkpoint.load_checkpoint(path))
         """
         if "model" in state:
             try:

@@ -29,6 +29,17 @@ def test_a_rank_that_never_reaches_a_collective_is_named_and_the_job_exits() -> 
     assert processes_running(str(script)) == []
 
 
+def test_a_rank_that_never_reaches_prepare_model_is_named() -> None:
+    # DDP's wrapping broadcasts rank 0's weights: before, rank 0 waited there 30 minutes.
+    script = SCRIPTS / "sleep_before_prepare_model.py"
+    done = ddpkit_cli("run", "--nproc", "2", "--hang-timeout", str(HANG_TIMEOUT_S), str(script))
+    assert done.returncode == 124, done.stderr
+    verdict = done.stderr.split("ddpkit run: worker rank")[-1]
+    assert re.search(r"hang: rank 0 waited \d+ s in prepare_model\(strategy='ddp'\)", verdict)
+    assert "rank 1 has not reached it" in verdict
+    assert processes_running(str(script)) == []
+
+
 def test_a_rank_stuck_inside_a_training_step_is_named_with_its_phase() -> None:
     script = SCRIPTS / "hang_in_step.py"
     done = ddpkit_cli("run", "--nproc", "2", "--hang-timeout", str(HANG_TIMEOUT_S), str(script))

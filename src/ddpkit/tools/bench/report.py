@@ -39,8 +39,9 @@ CSV_FIELDS = (
 def write_results(summary: dict[str, Any], out: Path) -> list[Path]:
     """Write results.json, results.csv and results.md into ``out``; return their paths.
 
-    Example:
-        >>> write_results(summary, Path("bench"))  # doctest: +SKIP
+    Example::
+
+        write_results(summary, Path("bench"))
     """
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "results.json", out / "results.csv", out / "results.md"]
@@ -86,9 +87,10 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def write_charts(summary: dict[str, Any], out: Path) -> list[Path] | str:
     """duration.png and loss.png in ``out``; a message instead when matplotlib is missing.
 
-    Example:
-        >>> write_charts(summary, Path("bench"))  # doctest: +SKIP
-        [PosixPath('bench/duration.png'), PosixPath('bench/loss.png')]
+    Example::
+
+        write_charts(summary, Path("bench"))
+        # [PosixPath('bench/duration.png'), PosixPath('bench/loss.png')]
     """
     try:
         import matplotlib

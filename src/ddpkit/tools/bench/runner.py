@@ -88,8 +88,9 @@ class RunRecord:
 def run_bench(config: BenchConfig) -> dict[str, Any]:
     """Run every world size ``repeat`` times; return the summary (also written to ``out``).
 
-    Example:
-        >>> run_bench(BenchConfig("examples/wine.py", ("--epochs", "2"), (1, 2)))  # doctest: +SKIP
+    Example::
+
+        run_bench(BenchConfig("examples/wine.py", ("--epochs", "2"), (1, 2)))
     """
     _check_config(config)
     cores = usable_cores()
@@ -132,9 +133,9 @@ def _run_all(config: BenchConfig, threads: int) -> list[RunRecord]:
 def run_once(config: BenchConfig, world_size: int, repeat: int, threads: int) -> RunRecord:
     """Run the script once at ``world_size``; its output goes to ``out/logs``.
 
-    Example:
-        >>> run_once(config, 2, 0, threads=1).train_s  # doctest: +SKIP
-        3.1
+    Example::
+
+        run_once(config, 2, 0, threads=1).train_s   # 3.1
     """
     name = f"w{world_size}-r{repeat + 1}"
     metrics, log = config.out / "runs" / f"{name}.jsonl", config.out / "logs" / f"{name}.log"

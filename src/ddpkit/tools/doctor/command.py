@@ -243,9 +243,9 @@ def _progress(message: str) -> None:
 def render(report: Mapping[str, Any]) -> str:
     """The human report: a compact environment block, one line per check, the smoke table.
 
-    Example:
-        >>> print(render(build_report(DoctorOptions(), {})))  # doctest: +SKIP
-        ddpkit doctor ...
+    Example::
+
+        print(render(build_report(DoctorOptions(), {})))   # ddpkit doctor ...
     """
     lines = environment_lines(report["environment"])
     lines.append("")

@@ -108,9 +108,9 @@ def is_local(addresses: Collection[str], local_addresses: Collection[str]) -> bo
 def check_master_port(endpoint: Endpoint, local_addresses: Collection[str]) -> Check:
     """This machine's endpoint must be free to bind; another host's should accept a connection.
 
-    Example:
-        >>> check_master_port(Endpoint("127.0.0.1", 29500, "default"), []).status  # doctest: +SKIP
-        'PASS'
+    Example::
+
+        check_master_port(Endpoint("127.0.0.1", 29500, "default"), []).status   # 'PASS'
     """
     addresses = resolve(endpoint.host)
     if not addresses:

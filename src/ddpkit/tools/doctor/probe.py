@@ -37,9 +37,9 @@ LOW_UTILIZATION = 60.0  # percent; below it the GPUs mostly wait (the tutorial's
 def run_smoke(nproc: int, timeout: float) -> tuple[Check, dict[str, Any] | None]:
     """Launch :mod:`ddpkit.tools.doctor.smoke` on ``nproc`` ranks; the check and rank 0's results.
 
-    Example:
-        >>> run_smoke(2, 120)[0].status  # doctest: +SKIP
-        'PASS'
+    Example::
+
+        run_smoke(2, 120)[0].status   # 'PASS'
     """
     with tempfile.TemporaryDirectory(prefix="ddpkit-smoke-") as folder:
         target = Path(folder) / "smoke.json"
@@ -98,9 +98,10 @@ def probe_run(
 ) -> RunProbe:
     """Run the script briefly on ``nproc`` workers, sampling GPU utilization while it goes.
 
-    Example:
-        >>> probe_run("examples/wine.py", ["--epochs", "2"], 2, 20, 120, 0).setup  # doctest: +SKIP
-        {'kind': 'setup', 'world_size': 2, ...}
+    Example::
+
+        probe_run("examples/wine.py", ["--epochs", "2"], 2, 20, 120, 0).setup
+        # {'kind': 'setup', 'world_size': 2, ...}
     """
     with tempfile.TemporaryDirectory(prefix="ddpkit-doctor-") as folder:
         metrics = Path(folder) / "metrics.jsonl"

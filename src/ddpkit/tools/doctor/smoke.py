@@ -59,9 +59,9 @@ def size_text(nbytes: int) -> str:
 def check_sum(rank: int, world_size: int, device: torch.device) -> float:
     """All-reduce the ranks; raise with the numbers unless the sum is 0 + 1 + ... + (n-1).
 
-    Example:
-        >>> check_sum(rank, world_size, device)  # doctest: +SKIP
-        1.0
+    Example::
+
+        check_sum(rank, world_size, device)   # 1.0
     """
     tensor = torch.tensor([float(rank)], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
@@ -77,9 +77,10 @@ def check_sum(rank: int, world_size: int, device: torch.device) -> float:
 def time_all_reduce(nbytes: int, device: torch.device, world_size: int) -> dict[str, float]:
     """Seconds per all_reduce of ``nbytes`` (the slowest rank's), with both bandwidths in GB/s.
 
-    Example:
-        >>> time_all_reduce(4096, torch.device("cpu"), 2)  # doctest: +SKIP
-        {'bytes': 4096, 'time_ms': 0.2, 'algbw_gbps': 0.02, 'busbw_gbps': 0.02}
+    Example::
+
+        time_all_reduce(4096, torch.device("cpu"), 2)
+        # {'bytes': 4096, 'time_ms': 0.2, 'algbw_gbps': 0.02, 'busbw_gbps': 0.02}
     """
     # Zeros stay zeros however often they are summed: no overflow to inf on large worlds.
     tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
@@ -111,9 +112,9 @@ def _synchronize(device: torch.device) -> None:
 def run_smoke() -> dict[str, Any]:
     """Join the job, check the sum, time every size; the results as plain values.
 
-    Example:
-        >>> run_smoke()["correct"]  # doctest: +SKIP
-        True
+    Example::
+
+        run_smoke()["correct"]   # True
     """
     import ddpkit
 

@@ -105,8 +105,9 @@ def findings(
 ) -> list[Finding]:
     """The checks, in the order they are printed.
 
-    Example:
-        >>> findings(run_record, ref_record, initial, final, "rtol 1e-4")  # doctest: +SKIP
+    Example::
+
+        findings(run_record, ref_record, initial, final, "rtol 1e-4")
     """
     return [
         _steps_finding(run, ref),
@@ -158,9 +159,10 @@ def likely_causes(
 ) -> list[str]:
     """What would explain a failure, most specific first; empty when nothing is known.
 
-    Example:
-        >>> likely_causes(run_record, reference_record, initial_diffs, None)  # doctest: +SKIP
-        ['per-rank randomness: ...']
+    Example::
+
+        likely_causes(run_record, reference_record, initial_diffs, None)
+        # ['per-rank randomness: ...']
     """
     causes = [
         _per_rank_rng(run),

@@ -81,9 +81,10 @@ class RunResult:
 def verify(config: VerifyConfig) -> tuple[bool, str]:
     """Run both sides and judge; returns (passed, the report text).
 
-    Example:
-        >>> verify(VerifyConfig("examples/wine.py"))  # doctest: +SKIP
-        (True, 'ddpkit verify: examples/wine.py, 2 workers vs 1 process, ...')
+    Example::
+
+        verify(VerifyConfig("examples/wine.py"))
+        # (True, 'ddpkit verify: examples/wine.py, 2 workers vs 1 process, ...')
     """
     check_script(config.script)
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as scratch:
@@ -96,8 +97,9 @@ def verify(config: VerifyConfig) -> tuple[bool, str]:
 def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tuple[bool, str]:
     """Compare the runs; on an unexplained mismatch, rerun the reference to test determinism.
 
-    Example:
-        >>> judge(config, reference, workers, Path("/tmp/v"))  # doctest: +SKIP
+    Example::
+
+        judge(config, reference, workers, Path("/tmp/v"))
     """
     precision = run.record["setup"].get("precision", "fp32")
     rtol, atol = _tolerances(config, precision)
@@ -116,9 +118,9 @@ def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tu
 def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
     """One side: the reference (``workers=1``) or the N workers; its record, or a clear error.
 
-    Example:
-        >>> run_side(config, Path("/tmp/v/reference"), workers=1).record["steps"]  # doctest: +SKIP
-        10
+    Example::
+
+        run_side(config, Path("/tmp/v/reference"), workers=1).record["steps"]   # 10
     """
     folder.mkdir(parents=True, exist_ok=True)
     env = {
