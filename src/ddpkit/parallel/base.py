@@ -78,3 +78,23 @@ class Strategy(ABC):
         """The whole model's tensors on CPU (a collective where the state is sharded)."""
         state = self.unwrap(model).state_dict()
         return {name: t.detach().cpu().clone() for name, t in state.items() if torch.is_tensor(t)}
+
+
+class ModuleWrapperStrategy(Strategy):
+    """A strategy whose wrapper keeps the user's module as ``.module`` (DDP, DataParallel).
+
+    Example:
+        >>> from ddpkit.parallel.dp import DP
+        >>> DP.unwrap(torch.nn.DataParallel(torch.nn.Linear(1, 1))).in_features
+        1
+    """
+
+    wrapper: ClassVar[type[nn.Module]]
+
+    def owns(self, model: nn.Module) -> bool:
+        return isinstance(model, self.wrapper)
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        inner = model.module if self.owns(model) else model
+        assert isinstance(inner, nn.Module)
+        return inner

@@ -25,6 +25,7 @@ from torch._C._distributed_c10d import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpkit._core.log import logger
 from ddpkit._core.validate import check_choice
 
 COMM_HOOKS = ("fp16", "bf16", "powersgd")
@@ -59,12 +60,11 @@ def register_comm_hook(
 
 
 def _warn_if_gloo() -> None:
-    if dist.get_backend() == "gloo" and dist.get_rank() == 0:
-        print(
-            "ddpkit: warning: torch's PowerSGD hook on gloo has been seen to abort at process "
+    if dist.get_backend() == "gloo":  # the logger speaks for rank 0
+        logger.warning(
+            "warning: torch's PowerSGD hook on gloo has been seen to abort at process "
             "exit ('terminate called without an active exception') on layers 512 wide or "
-            'more; comm_hook="bf16" or "fp16" is the safer compression on gloo',
-            flush=True,
+            'more; comm_hook="bf16" or "fp16" is the safer compression on gloo'
         )
 
 

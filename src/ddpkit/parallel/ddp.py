@@ -21,7 +21,7 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy
+from ddpkit.parallel.base import ModuleWrapperStrategy
 from ddpkit.parallel.commhooks import register_comm_hook
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ DDP_OPTIONS = (
 )
 
 
-class DistributedDataParallelStrategy(Strategy):
+class DistributedDataParallelStrategy(ModuleWrapperStrategy):
     """A replica per rank, gradients all-reduced in buckets during backward.
 
     Example:
@@ -45,6 +45,7 @@ class DistributedDataParallelStrategy(Strategy):
     """
 
     name = "ddp"
+    wrapper = DistributedDataParallel
     options = (*DDP_OPTIONS, "comm_hook")
     uneven_batches = "join"
 
@@ -58,14 +59,6 @@ class DistributedDataParallelStrategy(Strategy):
         if comm_hook is not None:
             register_comm_hook(wrapped, comm_hook)
         return wrapped
-
-    def owns(self, model: nn.Module) -> bool:
-        return isinstance(model, DistributedDataParallel)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        inner = model.module if isinstance(model, DistributedDataParallel) else model
-        assert isinstance(inner, nn.Module)
-        return inner
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         assert isinstance(model, DistributedDataParallel)

@@ -20,13 +20,13 @@ from torch.nn.parallel import DataParallel
 
 from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy
+from ddpkit.parallel.base import ModuleWrapperStrategy
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(ModuleWrapperStrategy):
     """One process, every GPU: replicas are copied from GPU 0 at each forward.
 
     Example:
@@ -35,6 +35,7 @@ class DataParallelStrategy(Strategy):
     """
 
     name = "dp"
+    wrapper = DataParallel
 
     def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
         if world.world_size > 1:
@@ -51,14 +52,6 @@ class DataParallelStrategy(Strategy):
             )
             return model.to(world.device)
         return DataParallel(model.to("cuda:0"))
-
-    def owns(self, model: nn.Module) -> bool:
-        return isinstance(model, DataParallel)
-
-    def unwrap(self, model: nn.Module) -> nn.Module:
-        inner = model.module if isinstance(model, DataParallel) else model
-        assert isinstance(inner, nn.Module)
-        return inner
 
 
 DP = DataParallelStrategy()

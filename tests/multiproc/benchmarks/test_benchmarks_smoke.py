@@ -61,3 +61,19 @@ def test_checkpoint_cost_benchmark_reports_every_operation() -> None:
     out = run_benchmark("benchmarks/checkpoint_cost.py", "--layers", "1", "--rounds", "1")
     for name in ("digest only", "plain save", "sealed save", "plain load", "checked load"):
         assert name in out
+
+
+@pytest.mark.timeout(200)
+def test_launch_overhead_benchmark_prints_the_ratio_to_torchrun() -> None:
+    out = run_benchmark("benchmarks/launch_overhead.py", "--repeat", "1")
+    ratio = float(out.split("ratio ddpkit / torchrun:")[1].split()[0])
+    print(f"launch overhead ddpkit run / torchrun: {ratio:.3f} (one pair; measure with --repeat 7)")
+    assert ratio > 0
+
+
+@pytest.mark.timeout(120)
+def test_import_cost_benchmark_prints_ddpkits_share() -> None:
+    out = run_benchmark("benchmarks/import_cost.py", "--repeat", "1")
+    extra = float(out.split("ddpkit's training API over torch:")[1].split()[0])
+    print(f"ddpkit's training API over torch: {extra:+.3f} s (one run; measure with --repeat 7)")
+    assert "import ddpkit" in out and -5 < extra < 5

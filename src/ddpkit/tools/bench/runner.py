@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import METRICS_ENV
 from ddpkit._core.system import usable_cores
 from ddpkit.errors import ConfigError, DdpkitError
@@ -97,7 +98,7 @@ def run_bench(config: BenchConfig) -> dict[str, Any]:
     threads = config.threads(cores)
     warning = oversubscription_warning(config.workers, threads, cores, _gpu_count())
     if warning:
-        print(f"ddpkit bench: warning: {warning}", flush=True)
+        command_logger("bench").warning(f"warning: {warning}")
     records = _run_all(config, threads)
     return {
         "script": config.script,

@@ -18,11 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddpkit._core.log import command_logger
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
@@ -236,8 +236,8 @@ def _run_checks(
 
 
 def _progress(message: str) -> None:
-    # stderr: stdout carries only the report (the JSON with --json)
-    print(f"ddpkit doctor: {message} ...", file=sys.stderr, flush=True)
+    # stderr, as every command's lines: stdout carries only the report (the JSON with --json)
+    command_logger("doctor").info(f"{message} ...")
 
 
 def render(report: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     CHECK_REPLICAS_ENV,
     MAX_STEPS_ENV,
@@ -136,7 +137,7 @@ def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
         env[CHECK_REPLICAS_ENV] = str(config.check_every)
         command = ddpkit_run_command(workers, config.script, list(config.script_args))
     name = "the single-process reference" if workers == 1 else f"the {workers}-worker run"
-    print(f"ddpkit verify: running {name} ({config.steps} steps)...", file=sys.stderr, flush=True)
+    command_logger("verify").info(f"running {name} ({config.steps} steps)...")
     outcome = run_command(command, env, config.timeout_s)
     (folder / "output.log").write_text(outcome.output)
     return _load(folder, outcome, name)
