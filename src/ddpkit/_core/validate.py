@@ -11,8 +11,11 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 from ddpkit.errors import ConfigError
+
+SchedulerInterval = Literal["step", "epoch"]
 
 
 def check_choice(name: str, value: object, choices: Sequence[str]) -> None:
@@ -53,4 +56,4 @@ def check_training_options(
         raise ConfigError(f"clip_grad_norm must be > 0 (got {clip!r})")
     if check_replicas_every is not None:
         check_positive_int("check_replicas_every", check_replicas_every)
-    check_choice("scheduler_interval", interval, ("step", "epoch"))
+    check_choice("scheduler_interval", interval, get_args(SchedulerInterval))

@@ -23,7 +23,7 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
@@ -35,9 +35,12 @@ from ddpkit.runtime.session import current_world
 from ddpkit.runtime.seeding import configured_seed, rank_seed
 from ddpkit._core.validate import check_choice, check_positive_int
 
-BATCH_POLICIES = ("per_device", "global")
-LR_SCALING = ("none", "linear", "sqrt")
-UNEVEN = ("pad", "drop")
+BatchPolicy = Literal["per_device", "global"]
+BATCH_POLICIES: tuple[BatchPolicy, ...] = get_args(BatchPolicy)
+LRScaling = Literal["none", "linear", "sqrt"]
+LR_SCALING: tuple[LRScaling, ...] = get_args(LRScaling)
+UnevenPolicy = Literal["pad", "drop"]
+UNEVEN: tuple[UnevenPolicy, ...] = get_args(UnevenPolicy)
 
 
 def prepare_loader(
@@ -45,8 +48,8 @@ def prepare_loader(
     batch_size: int | BatchPlan,
     shuffle: bool = True,
     *,
-    batch_policy: str = "per_device",
-    uneven: str = "pad",
+    batch_policy: BatchPolicy = "per_device",
+    uneven: UnevenPolicy = "pad",
     seed: int | None = None,
     **loader_kwargs: Any,
 ) -> DataLoader[Any]:
@@ -205,8 +208,8 @@ class BatchPlan:
     global_batch: int
     base_batch: int
     lr: float | None = None
-    policy: str = "per_device"
-    lr_scaling: str = "none"
+    policy: BatchPolicy = "per_device"
+    lr_scaling: LRScaling = "none"
 
     def describe(self) -> str:
         """One line for logs.
@@ -221,11 +224,11 @@ class BatchPlan:
 
 def plan_batch(
     batch_size: int,
-    policy: str = "per_device",
+    policy: BatchPolicy = "per_device",
     *,
     accumulate: int = 1,
     lr: float | None = None,
-    lr_scaling: str = "none",
+    lr_scaling: LRScaling = "none",
 ) -> BatchPlan:
     """Split ``batch_size`` by ``policy`` and scale ``lr`` by ``lr_scaling`` for this world.
 

@@ -17,6 +17,7 @@ import os
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Literal, get_args
 
 import torch
 
@@ -29,7 +30,8 @@ from ddpkit.env.slurm import (
 )
 from ddpkit.errors import ConfigError
 
-BACKENDS = ("gloo", "nccl", "mpi")
+Backend = Literal["gloo", "nccl", "mpi"]
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # Said in the start line where ranks came from a cluster manager rather than a ddpkit launcher.
 _RANK_SOURCES = {"slurm": ", ranks from SLURM_PROCID", "mpi": ", ranks from OMPI_COMM_WORLD_RANK"}
 
@@ -73,7 +75,7 @@ class World(Topology):
 
     # The topology's fields come from Topology; the world adds where this rank computes.
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    backend: str = "gloo"
+    backend: Backend = "gloo"
 
     @property
     def is_main(self) -> bool:
@@ -111,7 +113,7 @@ class World(Topology):
     def detect(
         cls,
         environ: Mapping[str, str] | None = None,
-        backend: str | None = None,
+        backend: Backend | None = None,
         rank: int | None = None,
         world_size: int | None = None,
     ) -> World:
@@ -315,7 +317,7 @@ def choose_device(local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
-def choose_backend(requested: str | None, device: torch.device) -> str:
+def choose_backend(requested: str | None, device: torch.device) -> Backend:
     """nccl for CUDA devices, gloo otherwise, unless a backend is requested by name.
 
     Example:
@@ -324,11 +326,12 @@ def choose_backend(requested: str | None, device: torch.device) -> str:
     """
     if requested is None:
         return "nccl" if device.type == "cuda" else "gloo"
-    if requested not in BACKENDS:
+    backend = next((b for b in BACKENDS if b == requested), None)  # a name mypy knows
+    if backend is None:
         raise ConfigError(f"unknown backend {requested!r}; choose one of {', '.join(BACKENDS)}")
-    if requested == "nccl" and device.type != "cuda":
+    if backend == "nccl" and device.type != "cuda":
         raise ConfigError(
             "backend 'nccl' needs CUDA GPUs, and none is available here; use backend='gloo' "
             "for CPU training"
         )
-    return requested
+    return backend

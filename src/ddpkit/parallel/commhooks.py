@@ -17,7 +17,7 @@ Example:
 # No `from __future__ import annotations` here: DDP inspects a hook's annotations and
 # accepts only the real GradBucket and Future[Tensor] types, not their names as strings.
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,8 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpkit._core.log import logger
 from ddpkit._core.validate import check_choice
 
-COMM_HOOKS = ("fp16", "bf16", "powersgd")
+CommHook = Literal["fp16", "bf16", "powersgd"]
+COMM_HOOKS: tuple[CommHook, ...] = get_args(CommHook)
 Hook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
 
 

@@ -34,7 +34,7 @@ from ddpkit._core.validate import check_choice
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
-from ddpkit.parallel.commhooks import COMM_HOOKS
+from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook
 from ddpkit.runtime.observers import observers
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.watchdog import watch
@@ -54,7 +54,7 @@ def prepare_model(
     strategy: StrategyName = "ddp",
     *,
     sync_batchnorm: bool = False,
-    comm_hook: str | None = None,
+    comm_hook: CommHook | None = None,
     fsdp_units: Sequence[type[nn.Module]] = (),
     **ddp_options: Any,
 ) -> nn.Module:

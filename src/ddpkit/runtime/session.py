@@ -27,7 +27,7 @@ from torch._C._distributed_c10d import Store
 from ddpkit._core import log
 from ddpkit._core.text import first_line
 from ddpkit.env.initmethod import InitMethod, parse_init_method
-from ddpkit.env.world import World
+from ddpkit.env.world import Backend, World
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.runtime.errorfile import install_error_file_hook
 from ddpkit.runtime.errorhook import install_short_errors
@@ -45,7 +45,7 @@ _atexit_registered = False
 
 
 def init(
-    backend: str | None = None,
+    backend: Backend | None = None,
     timeout: float | timedelta = DEFAULT_TIMEOUT_S,
     *,
     init_method: str | None = None,

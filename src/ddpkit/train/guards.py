@@ -36,6 +36,7 @@ import math
 import signal
 import time
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import torch
 
@@ -43,7 +44,8 @@ from ddpkit._core.validate import check_choice
 from ddpkit.runtime.collectives import all_reduce_max
 from ddpkit.runtime.session import current_world
 
-NONFINITE_POLICIES = ("error", "skip")
+NonFiniteLoss = Literal["error", "skip"]
+NONFINITE_POLICIES: tuple[NonFiniteLoss, ...] = get_args(NonFiniteLoss)
 EXCHANGE_EVERY_S = 1.0  # how often ranks compare stop requests
 _MOST_BOUNDARIES = 100_000  # between two exchanges, however fast the steps
 _CODES = {1.0: "nan", 2.0: "inf"}
@@ -74,7 +76,7 @@ class StepGuard:
         'skip'
     """
 
-    def __init__(self, policy: str, exchange_stops: bool) -> None:
+    def __init__(self, policy: NonFiniteLoss, exchange_stops: bool) -> None:
         check_choice("nonfinite_loss", policy, NONFINITE_POLICIES)
         self.policy = policy
         self.exchange_stops = exchange_stops

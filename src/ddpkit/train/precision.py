@@ -17,14 +17,15 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 
 from ddpkit._core.validate import check_choice
 from ddpkit.errors import ConfigError
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 
 
 class MixedPrecision:
@@ -36,7 +37,9 @@ class MixedPrecision:
         True
     """
 
-    def __init__(self, precision: str, device: torch.device, *, sharded: bool = False) -> None:
+    def __init__(
+        self, precision: Precision, device: torch.device, *, sharded: bool = False
+    ) -> None:
         _check_supported(precision, device)
         self.precision = precision
         self.device = device

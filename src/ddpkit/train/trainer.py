@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit._core.validate import check_positive_int, check_training_options
+from ddpkit._core.validate import SchedulerInterval, check_positive_int, check_training_options
 from ddpkit.data.loader import inputs_and_targets, real_samples_on_rank
 from ddpkit.errors import CheckpointError, NonFiniteLossError
 from ddpkit.parallel.strategy import strategy_of
@@ -44,10 +44,10 @@ from ddpkit.runtime.collectives import print0
 from ddpkit.runtime.reporting import report
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
-from ddpkit.train.guards import StepGuard
+from ddpkit.train.guards import NonFiniteLoss, StepGuard
 from ddpkit.train.metrics import MetricSums, format_epoch
 from ddpkit.train.monitor import StepMonitor, backward_label
-from ddpkit.train.precision import MixedPrecision
+from ddpkit.train.precision import MixedPrecision, Precision
 from ddpkit.train.preemption import StopSignals
 from ddpkit.train.progress import EpochProgress
 from ddpkit.train.resume import Checkpointer
@@ -107,11 +107,11 @@ class Trainer:
         keep_last: int | None = 3,
         accumulate: int = 1,
         clip_grad_norm: float | None = None,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
         scheduler: Any = None,
-        scheduler_interval: str = "step",
+        scheduler_interval: SchedulerInterval = "step",
         check_replicas_every: int | None = None,
-        nonfinite_loss: str = "error",
+        nonfinite_loss: NonFiniteLoss = "error",
         log_every: int | None = None,
     ) -> None:
         checkpoints = Checkpointer.configured(

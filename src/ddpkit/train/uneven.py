@@ -27,9 +27,10 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max
 from ddpkit.runtime.session import current_world
+from ddpkit.train.guards import NonFiniteLoss
 
 
-def same_batch_count(model: nn.Module, total: int | None, nonfinite_loss: str) -> bool:
+def same_batch_count(model: nn.Module, total: int | None, nonfinite_loss: NonFiniteLoss) -> bool:
     """Whether every rank has ``total`` batches too (one collective); refuses what cannot work.
 
     ``total`` is None for a loader without a length.
