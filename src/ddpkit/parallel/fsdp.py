@@ -65,6 +65,7 @@ class FullyShardedStrategy(Strategy):
 
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Gathered to CPU on every rank (a collective: all ranks call it)."""
+        # DCP's state-dict helpers load FSDP's world: imported only for a sharded model.
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -279,7 +279,7 @@ def _check_config(config: BenchConfig) -> None:
 
 
 def _gpu_count() -> int:
-    import torch
+    import torch  # the bench parent itself trains nothing: torch only for this question
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

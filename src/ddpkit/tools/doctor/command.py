@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ddpkit import __version__
 from ddpkit._core.log import command_logger
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
@@ -267,8 +268,6 @@ def environment_lines(facts: Mapping[str, Any]) -> list[str]:
         >>> environment_lines(envinfo.collect({}))[0]
         'ddpkit doctor: ddpkit ..., python ..., torch ...'
     """
-    from ddpkit import __version__
-
     v, b = facts["versions"], facts["backends"]
     gpus = [f"cuda:{g['index']} {g['name']} ({g['memory_gib']} GiB)" for g in facts["gpus"]]
     world = facts["world"]

@@ -1,0 +1,1 @@
+"""Sharded data loading: ``prepare_loader``, resumable samplers, batch plans, coverage."""
