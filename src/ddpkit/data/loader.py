@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -30,10 +29,10 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import REFERENCE_WORLD_ENV
-from ddpkit.errors import ConfigError
-from ddpkit.runtime.session import current_world
-from ddpkit.runtime.seeding import configured_seed, rank_seed
 from ddpkit._core.validate import check_choice, check_positive_int
+from ddpkit.errors import ConfigError
+from ddpkit.runtime.seeding import configured_seed, rank_seed
+from ddpkit.runtime.session import current_world
 
 BatchPolicy = Literal["per_device", "global"]
 BATCH_POLICIES: tuple[BatchPolicy, ...] = get_args(BatchPolicy)
