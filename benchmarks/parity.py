@@ -9,6 +9,10 @@ about 1.6M parameters. For each, the same model, data, batch and SGD run as
 - ``raw``: the tutorials' loop: torch.multiprocessing.spawn, init_process_group, DDP,
   DistributedSampler, set_epoch, forward / backward / step;
 - ``ddpkit``: ddpkit.spawn, prepare_model, prepare_loader, Trainer.fit with default settings;
+- ``ddpkit step``: the same Trainer given the step as a function (``training_step=fn``
+  returning the loss): what a custom step costs against the default classifier step;
+- ``ddpkit loop``: a hand-written loop through ``ddpkit.TrainLoop`` (backward and
+  optimizer_step marked, no checkpoints), against the tutorials' loop it replaces;
 - ``ddpkit tuned`` (MLP only): the same with comm_hook="bf16" and a larger gradient bucket;
 - ``accelerate``: HF Accelerate's loop, when it is installed (``pip install -e ".[peers]"``).
 
@@ -126,20 +130,38 @@ def raw_run(cfg: dict[str, Any]) -> float:
         return float(json.loads(Path(result).read_text()))
 
 
-def ddpkit_worker(cfg: dict[str, Any], options: dict[str, Any]) -> float:
-    """The same job through ddpkit's public API."""
+def ddpkit_worker(cfg: dict[str, Any], options: dict[str, Any], mode: str) -> float:
+    """The same job through ddpkit's public API: the Trainer's default step, a step
+    function, or a hand-written loop through TrainLoop (``mode``)."""
     torch.set_num_threads(cfg["threads"])
     ddpkit.init()
     model = ddpkit.prepare_model(make_model(cfg["workload"]), **options)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
     loader = ddpkit.prepare_loader(make_data(cfg["workload"], cfg["samples"]), cfg["batch"])
+    if mode == "loop":
+        return loop_epochs(model, optimizer, loader, cfg["epochs"])
+    step = (lambda batch: F.cross_entropy(model(batch[0]), batch[1])) if mode == "step" else None
+    loss_fn = None if step else F.cross_entropy
+    trainer = ddpkit.Trainer(model, optimizer, loss_fn, training_step=step)
     history = trainer.fit(loader, epochs=cfg["epochs"] + 1)
     return statistics.median(h["time_s"] / len(loader) for h in history[1:])
 
 
-def ddpkit_run(cfg: dict[str, Any], options: dict[str, Any]) -> float:
-    return float(ddpkit.spawn(ddpkit_worker, cfg["workers"], cfg, options)[0])
+def loop_epochs(model: nn.Module, optimizer: Any, loader: DataLoader, epochs: int) -> float:
+    """Median step time of a hand-written loop through TrainLoop (first epoch: warm-up)."""
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    times = []
+    for _ in loop.epochs(epochs + 1):
+        start = time.perf_counter()
+        for inputs, targets in loop.batches(loader):
+            loop.backward(F.cross_entropy(model(inputs), targets))
+            loop.optimizer_step(optimizer)
+        times.append((time.perf_counter() - start) / len(loader))
+    return statistics.median(times[1:])
+
+
+def ddpkit_run(cfg: dict[str, Any], options: dict[str, Any], mode: str = "default") -> float:
+    return float(ddpkit.spawn(ddpkit_worker, cfg["workers"], cfg, options, mode)[0])
 
 
 def accelerate_worker(cfg: dict[str, Any]) -> float:
@@ -172,6 +194,8 @@ def variants(workload: str) -> dict[str, Any]:
         "independent": independent_run,
         "raw": raw_run,
         "ddpkit": lambda cfg: ddpkit_run(cfg, {}),
+        "ddpkit step": lambda cfg: ddpkit_run(cfg, {}, "step"),
+        "ddpkit loop": lambda cfg: ddpkit_run(cfg, {}, "loop"),
     }
     if workload == "mlp":
         tuned = {"comm_hook": "bf16", "bucket_cap_mb": 50}

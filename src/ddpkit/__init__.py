@@ -31,6 +31,8 @@ from ddpkit.errors import (
 )
 
 if TYPE_CHECKING:
+    from ddpkit.data.batches import to_device
+    from ddpkit.data.gathering import gather_for_metrics
     from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
     from ddpkit.env.world import World
     from ddpkit.launch.launcher import spawn
@@ -44,15 +46,20 @@ if TYPE_CHECKING:
         print0,
         rank_zero_only,
     )
+    from ddpkit.runtime.gather import all_gather
     from ddpkit.runtime.seeding import seed_everything
     from ddpkit.runtime.session import current_world, init, shutdown
     from ddpkit.runtime.watchdog import watch
+    from ddpkit.train.callbacks import Callback
+    from ddpkit.train.loop import TrainLoop
     from ddpkit.train.trainer import Trainer
 
 __version__ = "0.1.0"
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
+    "to_device": "ddpkit.data.batches",
+    "gather_for_metrics": "ddpkit.data.gathering",
     "BatchPlan": "ddpkit.data.loader",
     "plan_batch": "ddpkit.data.loader",
     "prepare_loader": "ddpkit.data.loader",
@@ -67,11 +74,14 @@ _LAZY = {
     "is_main": "ddpkit.runtime.collectives",
     "print0": "ddpkit.runtime.collectives",
     "rank_zero_only": "ddpkit.runtime.collectives",
+    "all_gather": "ddpkit.runtime.gather",
     "seed_everything": "ddpkit.runtime.seeding",
     "current_world": "ddpkit.runtime.session",
     "init": "ddpkit.runtime.session",
     "shutdown": "ddpkit.runtime.session",
     "watch": "ddpkit.runtime.watchdog",
+    "Callback": "ddpkit.train.callbacks",
+    "TrainLoop": "ddpkit.train.loop",
     "Trainer": "ddpkit.train.trainer",
 }
 
@@ -94,6 +104,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "BatchPlan",
+    "Callback",
     "CheckpointError",
     "CollectiveMismatchError",
     "ConfigError",
@@ -101,14 +112,17 @@ __all__ = [
     "NotInitializedError",
     "RendezvousError",
     "ReplicaDivergenceError",
+    "TrainLoop",
     "Trainer",
     "WorkerFailedError",
     "World",
     "__version__",
+    "all_gather",
     "all_reduce_mean",
     "all_reduce_sum",
     "barrier",
     "current_world",
+    "gather_for_metrics",
     "get_rank",
     "init",
     "is_main",
@@ -120,6 +134,7 @@ __all__ = [
     "seed_everything",
     "shutdown",
     "spawn",
+    "to_device",
     "unwrap_model",
     "watch",
 ]

@@ -73,10 +73,10 @@ def crash_before_step(trainer: ddpkit.Trainer, step: int, error: type[Exception]
     from, at a chosen place."""
     real_update = trainer._update_weights
 
-    def update_unless_crashing() -> None:
+    def update_unless_crashing(optimizers: list[torch.optim.Optimizer]) -> None:
         if trainer.step + 1 == step:
             raise error(f"crash before step {step}")
-        real_update()
+        real_update(optimizers)
 
     trainer._update_weights = update_unless_crashing  # type: ignore[method-assign]
 
@@ -233,3 +233,28 @@ def nan_loss_on_rank(bad_rank: int, policy: str) -> dict[str, object]:
     trainer = ddpkit.Trainer(model, optimizer, loss, nonfinite_loss=policy)
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=1)
     return {"state": cpu_state(model), "skipped": trainer.skipped_steps, "steps": trainer.step}
+
+
+def gathered_for_metrics(n: int, shuffle: bool) -> dict[str, object]:
+    """Every rank's predictions over a loader of ``n`` samples, gathered for a metric; also
+    all_gather of uneven rows, a refused shape mismatch, and metrics named differently by rank."""
+    from ddpkit.errors import ConfigError
+    from ddpkit.train.metrics import MetricSums
+
+    world = ddpkit.init(timeout=60, seed=3)
+    data = TensorDataset(torch.arange(float(n)), torch.arange(n) % 3)
+    loader = ddpkit.prepare_loader(data, batch_size=2, shuffle=shuffle)
+    outputs = [(x * 10, y) for x, y in loader]
+    preds, labels = ddpkit.gather_for_metrics(
+        (torch.cat([o for o, _ in outputs]), torch.cat([y for _, y in outputs])), loader
+    )
+    uneven = ddpkit.all_gather(torch.full((world.rank + 1, 2), world.rank))
+    try:
+        ddpkit.all_gather(torch.zeros(1, 2 + world.rank))
+        mismatch = ""
+    except ConfigError as err:
+        mismatch = str(err)
+    sums = MetricSums(world.device)
+    sums.add({"loss": 1.0 + world.rank, f"only_rank{world.rank}": 1.0}, samples=1 + world.rank)
+    return {"preds": preds.tolist(), "labels": labels.tolist(), "uneven": uneven.tolist(),
+            "mismatch": mismatch, "metrics": sums.reduce()}  # fmt: skip

@@ -14,7 +14,8 @@ from torch.utils.data import TensorDataset
 import ddpkit
 
 
-def main() -> None:
+def seeded_per_rank_setup() -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    """Model, optimizer and loader, built after the mistake."""
     torch.manual_seed(1234 + int(os.environ.get("RANK", "0")))  # the mistake
     ddpkit.init()
     features = torch.randn(256, 8)
@@ -22,6 +23,11 @@ def main() -> None:
     model = ddpkit.prepare_model(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = ddpkit.prepare_loader(TensorDataset(features, labels), batch_size=16)
+    return model, optimizer, loader
+
+
+def main() -> None:
+    model, optimizer, loader = seeded_per_rank_setup()
     ddpkit.Trainer(model, optimizer, F.cross_entropy).fit(loader, epochs=2)
 
 

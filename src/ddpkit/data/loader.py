@@ -310,35 +310,3 @@ def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]
             )
     if len(dataset) == 0:  # type: ignore[arg-type]
         raise ConfigError("the dataset is empty: nothing to train on")
-
-
-def batch_size_of(batch: Any) -> int:
-    """Number of samples in a batch: the first dimension of its first tensor.
-
-    Example:
-        >>> batch_size_of((torch.zeros(5, 3), torch.zeros(5)))
-        5
-    """
-    if isinstance(batch, torch.Tensor):
-        return int(batch.shape[0])
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_size_of(batch[0])
-    if isinstance(batch, dict) and batch:
-        return batch_size_of(next(iter(batch.values())))
-    raise ConfigError(f"cannot tell the batch size of a {type(batch).__name__}")
-
-
-def inputs_and_targets(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """A ``(inputs, targets)`` batch on ``device``; anything else is refused by name.
-
-    Example:
-        >>> x, y = inputs_and_targets((torch.zeros(2, 3), torch.ones(2)), torch.device("cpu"))
-        >>> x.shape, y.shape
-        (torch.Size([2, 3]), torch.Size([2]))
-    """
-    if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
-        raise ConfigError(
-            f"Trainer expects each batch to be (inputs, targets); got a {type(batch).__name__}"
-            + (f" of length {len(batch)}" if isinstance(batch, (list, tuple)) else "")
-        )
-    return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)

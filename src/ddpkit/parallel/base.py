@@ -43,11 +43,13 @@ class Strategy(ABC):
         (True, 'whole')
     """
 
-    name: ClassVar[StrategyName]
-    options: ClassVar[tuple[str, ...]] = ()  # keyword options prepare_model passes on
-    replicas_identical: ClassVar[bool] = True  # False: ranks hold different shards
-    checkpoint_kind: ClassVar[CheckpointKind] = "whole"
-    uneven_batches: ClassVar[UnevenBatches] = "free"
+    # Class attributes of each strategy; a descriptor made per model (a group of models)
+    # may set them on the instance.
+    name: StrategyName
+    options: tuple[str, ...] = ()  # keyword options prepare_model passes on
+    replicas_identical: bool = True  # False: ranks hold different shards
+    checkpoint_kind: CheckpointKind = "whole"
+    uneven_batches: UnevenBatches = "free"
 
     @abstractmethod
     def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:

@@ -1,27 +1,39 @@
-"""Training metrics summed over ranks: sample-weighted loss and, for classifiers, accuracy.
+"""Step metrics summed over ranks: every value a sample-weighted mean over all ranks' samples.
 
-Each rank keeps running sums ``(loss * n, n, correct, correct in top 5)`` on its device, so the
-loop never waits for ``.item()``; one all-reduce at the end of the epoch turns them into
-global means that equal what one process computes over the same samples. Top-5 accuracy (the
-ImageNet tutorials' Acc@5) is reported for classifiers with more than 5 classes.
+A training or validation step returns its metrics as a mapping (``{"loss": ..., "accuracy":
+...}``); each value is the mean over the step's samples. Each rank keeps running sums
+``value * samples`` on its device, so the loop never waits for ``.item()``; at the end of the
+epoch one exchange of the metric names and one all-reduce turn them into global means, equal
+to what one process computes over the same samples. A step may say how many samples its
+values are means over with a ``"samples"`` entry (for a language model, the number of
+tokens); otherwise it is the batch's size.
+
+The default classifier step (:mod:`ddpkit.train.steps`) reports ``loss``, ``accuracy`` and,
+with more than 5 classes, ``top5_accuracy`` (the ImageNet tutorials' Acc@5).
 
 Example:
     >>> sums = MetricSums(torch.device("cpu"))
-    >>> sums.add(torch.tensor(0.5), torch.tensor([[2.0, 1.0], [0.0, 1.0]]), torch.tensor([0, 0]))
+    >>> sums.add({"loss": torch.tensor(0.5), "accuracy": 0.5}, samples=2)
+    >>> sums.add({"loss": torch.tensor(2.0), "accuracy": 1.0}, samples=1)
     >>> sums.reduce()
-    {'loss': 0.5, 'samples': 2.0, 'accuracy': 0.5}
+    {'loss': 1.0, 'samples': 3.0, 'accuracy': 0.6666666666666666}
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
-from ddpkit.data.loader import batch_size_of
-from ddpkit.runtime.collectives import all_reduce_sum
+from ddpkit.errors import ConfigError
+from ddpkit.runtime.collectives import all_gather_rows, all_reduce_sum
+
+SAMPLES = "samples"  # the count the step's means are over, and the total in the results
 
 
 class MetricSums:
-    """Per-rank running sums, kept on the device so the loop never waits for ``.item()``.
+    """Per-rank running sums of ``value * samples`` by metric name, on the device.
 
     Example:
         >>> MetricSums(torch.device("cpu")).reduce()  # nothing added
@@ -29,60 +41,109 @@ class MetricSums:
     """
 
     def __init__(self, device: torch.device) -> None:
-        # loss*n, n, correct, correct within the top 5
-        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
-        self.classifier: bool | None = None
-        self.top5 = False
+        self.device = device
+        self.names: list[str] = []  # in the order they first appeared
+        self.sums = torch.zeros(1, dtype=torch.float64, device=device)  # [samples, *names]
 
-    def add(self, loss: torch.Tensor, outputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """Add one batch; ``loss`` is the batch mean, as torch's losses return by default.
+    def add(self, values: Mapping[str, Any], samples: int | float | torch.Tensor) -> None:
+        """Add one step's means (tensors or numbers), each over ``samples`` samples.
 
         Example:
             >>> sums = MetricSums(torch.device("cpu"))
-            >>> sums.add(torch.tensor(0.2), torch.tensor([[0.9, 0.1]]), torch.tensor([0]))
-            >>> sums.sums.tolist()  # loss*n, n, correct, top-5 correct
-            [0.2..., 1.0, 1.0, 0.0]
+            >>> sums.add({"loss": torch.tensor(0.25)}, samples=4)
+            >>> sums.sums.tolist()  # samples, loss * samples
+            [4.0, 1.0]
         """
-        n = batch_size_of(targets)
-        if self.classifier is None:
-            self.classifier = _is_classification(outputs, targets)
-            self.top5 = self.classifier and outputs.shape[1] > 5
-        self.sums[0] += loss.double() * n
-        self.sums[1] += n
-        if self.classifier:
-            self.sums[2] += (outputs.argmax(dim=1) == targets).sum()
-            if outputs.shape[1] > 5:
-                top5 = outputs.topk(5, dim=1).indices
-                self.sums[3] += (top5 == targets[:, None]).any(dim=1).sum()
+        if list(values) != self.names:
+            self._make_room(values)
+        weight = self._as_double(samples)
+        self.sums[0] += weight
+        if self.names:
+            row = torch.stack([self._as_double(values.get(name, 0.0)) for name in self.names])
+            self.sums[1:] += row * weight
 
     def reduce(self) -> dict[str, float]:
         """Global means over every rank's samples (a collective: all ranks call it).
 
+        ``samples`` is the total count. Ranks that saw different metric names (one had no
+        batch) agree on the union first.
+
         Example:
             >>> sums = MetricSums(torch.device("cpu"))
-            >>> outputs = torch.tensor([[0.9, 0.1], [0.2, 0.8]])
-            >>> sums.add(torch.tensor(0.5), outputs, torch.tensor([0, 0]))
+            >>> sums.add({"loss": 0.5}, samples=2)
             >>> sums.reduce()  # a world of one: these are the global means
-            {'loss': 0.5, 'samples': 2.0, 'accuracy': 0.5}
+            {'loss': 0.5, 'samples': 2.0}
         """
-        loss_sum, count, correct, correct5 = all_reduce_sum(self.sums).tolist()
+        names, totals = self.reduced_sums()
+        count = totals[0]
         if count == 0:
             return {}
-        metrics = {"loss": loss_sum / count, "samples": count}
-        if self.classifier:
-            metrics["accuracy"] = correct / count
-            if self.top5:
-                metrics["top5_accuracy"] = correct5 / count
-        return metrics
+        means = {name: total / count for name, total in zip(names, totals[1:], strict=True)}
+        first = {name: means.pop(name) for name in names[:1]}  # "loss" leads, as it always did
+        return {**first, SAMPLES: count, **means}
+
+    def reduced_sums(self) -> tuple[list[str], list[float]]:
+        """The names all ranks agreed on and the summed ``[samples, *sums]`` (a collective).
+
+        Example:
+            >>> sums = MetricSums(torch.device("cpu"))
+            >>> sums.add({"loss": 1.0}, samples=3)
+            >>> sums.reduced_sums()
+            (['loss'], [3.0, 3.0])
+        """
+        names = agreed_names(self.names)
+        return names, all_reduce_sum(self.aligned(names)).tolist()
+
+    def aligned(self, names: list[str]) -> torch.Tensor:
+        """This rank's sums in the order of ``names`` (zero for names it never saw)."""
+        position = {name: i + 1 for i, name in enumerate(self.names)}
+        rows = [self.sums[0]] + [
+            self.sums[position[n]] if n in position else self.sums.new_zeros(()) for n in names
+        ]
+        return torch.stack(rows)
+
+    def load(self, names: list[str], sums: torch.Tensor) -> None:
+        """Add saved ``[samples, *sums]`` for ``names`` (a resumed epoch's totals so far)."""
+        self._make_room(dict.fromkeys(names))
+        saved = sums.to(self.sums)
+        self.sums[0] += saved[0]
+        for i, name in enumerate(names):
+            self.sums[self.names.index(name) + 1] += saved[i + 1]
+
+    def _make_room(self, values: Mapping[str, Any]) -> None:
+        for name in values:
+            if not isinstance(name, str):
+                raise ConfigError(f"metric names must be strings; got {name!r}")
+            if name not in self.names and name != SAMPLES:
+                self.names.append(name)
+                self.sums = torch.cat([self.sums, self.sums.new_zeros(1)])
+
+    def _as_double(self, value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigError(
+                    f"a step's metric must be one number (a mean); got a tensor of shape "
+                    f"{list(value.shape)}: reduce it first, e.g. with .mean()"
+                )
+            return value.detach().reshape(()).to(self.device, torch.float64)
+        return torch.tensor(float(value), dtype=torch.float64, device=self.device)
 
 
-def _is_classification(outputs: torch.Tensor, targets: torch.Tensor) -> bool:
-    return (
-        outputs.dim() == 2
-        and targets.dim() == 1
-        and not torch.is_floating_point(targets)
-        and outputs.shape[0] == targets.shape[0]
-    )
+def agreed_names(mine: list[str]) -> list[str]:
+    """The union of every rank's metric names, in rank 0's order then the others' (a
+    collective; in a world of one, ``mine``).
+
+    Example:
+        >>> agreed_names(["loss", "accuracy"])
+        ['loss', 'accuracy']
+    """
+    encoded = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8)
+    union: list[str] = []
+    for rows in all_gather_rows(encoded):
+        for name in bytes(rows.tolist()).decode().split("\n"):
+            if name and name not in union:
+                union.append(name)
+    return union
 
 
 def format_epoch(metrics: dict[str, float], epochs: int) -> str:

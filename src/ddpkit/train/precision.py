@@ -44,6 +44,7 @@ class MixedPrecision:
         self.precision = precision
         self.device = device
         self.scaler = _grad_scaler(device, sharded) if precision == "fp16" else None
+        self._stepped = False  # a scaled step since the last update
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context the forward pass and the loss run under.
@@ -78,8 +79,11 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, update: bool = True) -> None:
         """``optimizer.step()``; under fp16 skipped when gradients overflowed, scale updated.
+
+        With several optimizers in one iteration, step each with ``update=False`` and call
+        :meth:`update` once after the last (as torch's GradScaler wants).
 
         Example:
             >>> weight = torch.nn.Parameter(torch.ones(1))
@@ -92,7 +96,19 @@ class MixedPrecision:
             optimizer.step()
             return
         self.scaler.step(optimizer)
-        self.scaler.update()
+        self._stepped = True
+        if update:
+            self.update()
+
+    def update(self) -> None:
+        """Update the loss scale after this iteration's optimizer steps (fp16; else nothing).
+
+        Example:
+            >>> MixedPrecision("bf16", torch.device("cpu")).update()
+        """
+        if self.scaler is not None and self._stepped:
+            self.scaler.update()
+            self._stepped = False
 
     def state_dict(self) -> dict[str, Any]:
         """The grad scaler's state (empty without one), for checkpoints.

@@ -32,7 +32,7 @@ import torch
 
 from ddpkit.checkpoint.rngstate import restore_rng
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
-from ddpkit.runtime.collectives import all_reduce_sum, is_main
+from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.metrics import MetricSums
 
@@ -83,15 +83,15 @@ class EpochProgress:
             >>> _ = ddpkit.init()
             ddpkit: world size 1 ...
             >>> sorted(EpochProgress(0, loader=[]).state_dict())
-            ['batches', 'classifier', 'elapsed_s', 'epoch', 'metric_sums', 'top5']
+            ['batches', 'elapsed_s', 'epoch', 'metric_names', 'metric_sums']
             >>> ddpkit.shutdown()
         """
+        names, sums = self.sums.reduced_sums()
         return {
             "epoch": self.epoch,
             "batches": self.batches,
-            "metric_sums": all_reduce_sum(self.sums.sums).cpu(),
-            "classifier": self.sums.classifier,
-            "top5": self.sums.top5,
+            "metric_names": names,
+            "metric_sums": torch.tensor(sums, dtype=torch.float64),
             "elapsed_s": self.elapsed_s,
         }
 
@@ -106,10 +106,22 @@ class EpochProgress:
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])
         if is_main():
-            self.sums.sums += state["metric_sums"].to(self.sums.sums)
-        self.sums.classifier = state["classifier"]
-        self.sums.top5 = bool(state.get("top5", False))
+            self.sums.load(*_saved_sums(state))
         self._elapsed_before = float(state["elapsed_s"])
+
+
+def _saved_sums(state: dict[str, Any]) -> tuple[list[str], torch.Tensor]:
+    """The saved metric names and ``[samples, *sums]``; also from checkpoints written before
+    steps could report their own metrics (``[loss*n, n, correct, top-5 correct]``)."""
+    if "metric_names" in state:
+        return list(state["metric_names"]), state["metric_sums"]
+    old = state["metric_sums"].tolist()
+    names = ["loss", "accuracy", "top5_accuracy"][
+        : 1 + bool(state["classifier"]) + bool(state.get("top5"))
+    ]
+    return names, torch.tensor(
+        [old[1], old[0], old[2], old[3]][: len(names) + 1], dtype=torch.float64
+    )
 
 
 def loader_generator_state(loader: Any) -> torch.Tensor | None:

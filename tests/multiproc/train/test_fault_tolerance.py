@@ -9,9 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +19,8 @@ import ddpkit
 from ddpkit._core.protocol import PREEMPTED_EXIT_CODE
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint
 from helpers import mp_workers
-from helpers.launch_helpers import REPO, SCRIPTS, ddpkit_cli, processes_running
+from helpers.jobs import Job, wait_for_no_processes
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running
 
 pytestmark = pytest.mark.multiproc
 
@@ -55,31 +53,6 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.T
     return final_model(folder)
 
 
-class Job:
-    """A `ddpkit run` in the background, in its own session, its output in files."""
-
-    def __init__(self, args: list[str], folder: Path) -> None:
-        self.folder = folder
-        self.out, self.err = folder.with_suffix(".out"), folder.with_suffix(".err")
-        with self.out.open("w") as out, self.err.open("w") as err:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "ddpkit", *args], cwd=REPO, stdout=out, stderr=err,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def wait_for_checkpoint(self) -> None:
-        wait_until(lambda: bool(list_checkpoints(self.folder)), 90, "a first checkpoint")
-
-    def worker(self, rank: int) -> int:
-        found = [pid for pid in processes_running(str(self.folder)) if _rank_of(pid) == rank]
-        assert found, f"no worker of rank {rank} is running"
-        return found[0]
-
-    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
-        code = self.process.wait(timeout=timeout)
-        return code, self.out.read_text(), self.err.read_text()
-
-
 @pytest.fixture
 def job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     """Start jobs; afterwards, none of their processes may remain."""
@@ -93,7 +66,7 @@ def job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     for each in started:
         if each.process.poll() is None:
             each.process.kill()
-    leftover = _wait_for_no_processes(str(tmp_path))
+    leftover = wait_for_no_processes(str(tmp_path))
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"processes of the job outlived it: {leftover}"
@@ -149,7 +122,7 @@ def test_killing_the_launcher_outright_stops_its_workers_after_a_checkpoint(
     run.wait_for_checkpoint()
     os.kill(run.process.pid, signal.SIGKILL)
     run.process.wait()
-    assert _wait_for_no_processes(str(run.folder)) == []  # the workers did not outlive it
+    assert wait_for_no_processes(str(run.folder)) == []  # the workers did not outlive it
     out = run.out.read_text()  # the workers wrote here too: they inherited the launcher's
     assert re.search(f"stopped by SIGTERM at {WHERE} after saving", out), out
     load_checkpoint(list_checkpoints(run.folder)[-1])
@@ -201,30 +174,6 @@ def test_a_skipped_nan_step_is_skipped_on_every_rank_alike() -> None:
     assert rank0["skipped"] == rank1["skipped"] == 1 and rank0["steps"] == 5
     assert mp_workers.max_abs_diff(rank0["state"], rank1["state"]) == 0.0  # replicas agree
     assert all(torch.isfinite(t).all() for t in rank0["state"].values())
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        time.sleep(0.02)
-
-
-def _wait_for_no_processes(needle: str, timeout: float = 45) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while (left := processes_running(needle)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
-def _rank_of(pid: int) -> int | None:
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    found = [v for v in environ if v.startswith(b"RANK=")]
-    return int(found[0][5:]) if found else None
 
 
 def test_spawn_gives_the_callers_signal_handlers_back() -> None:

@@ -190,8 +190,8 @@ def test_a_nan_loss_stops_before_the_update_naming_step_and_rank() -> None:
     before_step_3: dict[str, torch.Tensor] = {}
     real_update = trainer._update_weights
 
-    def remember() -> None:
-        real_update()
+    def remember(optimizers: list[torch.optim.Optimizer]) -> None:
+        real_update(optimizers)
         if trainer.step == 1:  # the update of step 2 is the last before the NaN
             before_step_3.update(cpu_state(model))
 
@@ -250,3 +250,14 @@ def test_a_step_checkpoint_on_an_epochs_last_batch_is_that_epochs_checkpoint(
         "epoch_000002.pt",
         "epoch_000003.pt",
     ]
+
+
+def test_an_epoch_saved_in_the_old_metric_format_resumes_its_sums() -> None:
+    from ddpkit.train.metrics import MetricSums
+    from ddpkit.train.progress import _saved_sums
+
+    old = {"metric_sums": torch.tensor([2.0, 4.0, 3.0, 4.0], dtype=torch.float64),
+           "classifier": True, "top5": False}  # fmt: skip  # [loss*n, n, correct, top-5]
+    sums = MetricSums(torch.device("cpu"))
+    sums.load(*_saved_sums(old))
+    assert sums.reduce() == {"loss": 0.5, "samples": 4.0, "accuracy": 0.75}

@@ -21,6 +21,7 @@ from ddpkit.checkpoint.sharded import (
 from ddpkit.errors import CheckpointError
 from ddpkit.runtime.seeding import rank_seed
 from ddpkit.train.metrics import MetricSums
+from ddpkit.train.steps import classifier_metrics
 from helpers.mp_workers import toy_dataset, toy_model
 
 
@@ -157,11 +158,10 @@ def test_top5_accuracy_is_reported_for_more_than_five_classes() -> None:
     ddpkit.init(hang_timeout=0)
     sums = MetricSums(torch.device("cpu"))
     outputs = torch.tensor([[9.0, 8, 7, 6, 5, 4, 0], [0, 1, 2, 3, 4, 5, 9]])
-    sums.add(torch.tensor(1.0), outputs, torch.tensor([4, 0]))  # 4 is in row 0's top 5 only
+    targets = torch.tensor([4, 0])  # 4 is in row 0's top 5 only
+    sums.add({"loss": torch.tensor(1.0), **classifier_metrics(outputs, targets)}, samples=2)
     assert sums.reduce() == {"loss": 1.0, "samples": 2.0, "accuracy": 0.0, "top5_accuracy": 0.5}
-    few = MetricSums(torch.device("cpu"))
-    few.add(torch.tensor(1.0), outputs[:, :5], torch.tensor([4, 0]))
-    assert "top5_accuracy" not in few.reduce()  # with 5 classes it would always be 1
+    assert "top5_accuracy" not in classifier_metrics(outputs[:, :5], targets)  # always 1 there
 
 
 def test_log_every_prints_rank0s_loss_every_n_steps(capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 from ddpkit._core.protocol import VERIFY_DIR_ENV
+from ddpkit.data.batches import batch_size_of, tensor_leaves
 from ddpkit.data.coverage import listable, sampler_coverage
-from ddpkit.data.loader import batch_size_of, reference_world_size
+from ddpkit.data.loader import reference_world_size
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_gather_rows, is_main
@@ -96,15 +97,18 @@ class Recorder(Observer):
         self._position = 0
 
     def batch_loaded(self, batch: Any) -> None:
-        """Fingerprint each sample of a (inputs, targets) batch, by dataset index."""
+        """Fingerprint each sample of a batch, by dataset index: its first tensor (the
+        inputs) and the rest (targets, masks...), whatever the batch's structure."""
         n = batch_size_of(batch)
         indices = self._epoch_order[self._position : self._position + n]
         self._position += n
         if len(indices) != n or len(self._samples) >= _MAX_SAMPLES:
             return
-        inputs, targets = batch
+        per_sample = [t for t in tensor_leaves(batch) if t.dim() and t.shape[0] == n]
+        first, rest = per_sample[0], per_sample[1:]
         for row, index in enumerate(indices):
-            self._samples.append([index, fingerprint(inputs[row]), fingerprint(targets[row])])
+            others = sum(fingerprint(t[row]) for t in rest) % (1 << 63)
+            self._samples.append([index, fingerprint(first[row]), others])
 
     def replicas_checked(self, step: int, divergence: Mapping[str, Any] | None) -> bool:
         """Note a replica check; keep the first divergence (verify reports it, training goes on)."""

@@ -150,8 +150,9 @@ def _load(folder: Path, outcome: Outcome, name: str) -> RunResult:
     if not (folder / RECORD_FILE).is_file():
         raise DdpkitError(
             f"{name} finished but recorded nothing: verify follows training through "
-            "ddpkit.Trainer (with ddpkit.prepare_model and prepare_loader); a script that "
-            "trains in its own loop cannot be verified this way"
+            "ddpkit.Trainer, or a loop of your own through ddpkit.TrainLoop (its epochs(), "
+            "batches() and optimizer_step() tell verify where the steps are), with "
+            "ddpkit.prepare_model and prepare_loader"
         )
     record = json.loads((folder / RECORD_FILE).read_text())
     states = torch.load(folder / PARAMS_FILE, map_location="cpu", weights_only=True)

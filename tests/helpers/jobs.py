@@ -1,0 +1,61 @@
+"""A `ddpkit run` job in the background, for tests that signal or kill its processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ddpkit.checkpoint import list_checkpoints
+from helpers.launch_helpers import REPO, processes_running
+
+
+class Job:
+    """A `ddpkit run` in the background, in its own session, its output in files."""
+
+    def __init__(self, args: list[str], folder: Path) -> None:
+        self.folder = folder
+        self.out, self.err = folder.with_suffix(".out"), folder.with_suffix(".err")
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "ddpkit", *args], cwd=REPO, stdout=out, stderr=err,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def wait_for_checkpoint(self) -> None:
+        wait_until(lambda: bool(list_checkpoints(self.folder)), 90, "a first checkpoint")
+
+    def worker(self, rank: int) -> int:
+        found = [pid for pid in processes_running(str(self.folder)) if rank_of(pid) == rank]
+        assert found, f"no worker of rank {rank} is running"
+        return found[0]
+
+    def finish(self, timeout: float = 120) -> tuple[int, str, str]:
+        code = self.process.wait(timeout=timeout)
+        return code, self.out.read_text(), self.err.read_text()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout} s for {what}")
+        time.sleep(0.02)
+
+
+def wait_for_no_processes(needle: str, timeout: float = 45) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := processes_running(needle)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def rank_of(pid: int) -> int | None:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    found = [v for v in environ if v.startswith(b"RANK=")]
+    return int(found[0][5:]) if found else None
