@@ -13,8 +13,8 @@ would give N workers different noise than one process, whereas noise that belong
 sample is the same however the samples are split. That is what lets ``ddpkit verify`` prove
 N workers equal one process here.
 
-    python examples/gan.py --epochs 30                    # one process
-    ddpkit run --nproc 2 examples/gan.py --epochs 30      # two workers
+    python examples/gan.py --epochs 100                   # one process
+    ddpkit run --nproc 2 examples/gan.py --epochs 100     # two workers
     ddpkit verify examples/gan.py --workers 2 --steps 10
 """
 
@@ -88,7 +88,7 @@ class GANTrainer(ddpkit.Trainer):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--batch-size", type=int, default=64, help="points per device")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
