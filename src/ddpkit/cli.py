@@ -9,7 +9,8 @@ command line end in one line naming what was wrong and how to fix it (exit code 
 worker ends the launcher with that worker's exit code.
 
 Example:
-    >>> build_parser().parse_args(["run", "--nproc", "2", "train.py", "--lr", "0.1"]).script_args
+    >>> args = build_parser().parse_args(["run", "--nproc", "2", "train.py", "--lr", "0.1"])
+    >>> args.training_script_args
     ['--lr', '0.1']
 """
 
@@ -38,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser of every command (for ``ddpkit --help``; imports every command module).
 
     Example:
-        >>> build_parser().parse_args(["run", "train.py"]).nproc
-        1
+        >>> build_parser().parse_args(["run", "train.py"]).nproc_per_node
+        '1'
     """
     parser = argparse.ArgumentParser(
         prog="ddpkit", description="Distributed data-parallel training for PyTorch."
@@ -57,8 +58,8 @@ def command_parser(name: str) -> argparse.ArgumentParser:
     """The parser of one command, as ``ddpkit NAME`` (its errors read ``ddpkit NAME: ...``).
 
     Example:
-        >>> command_parser("run").parse_args(["--nproc", "2", "t.py"]).nproc
-        2
+        >>> command_parser("run").parse_args(["--nproc", "2", "t.py"]).nproc_per_node
+        '2'
     """
     module = command_module(name)
     parser = argparse.ArgumentParser(prog=f"ddpkit {name}", description=module.DESCRIPTION)

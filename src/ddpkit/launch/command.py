@@ -4,9 +4,9 @@ Example:
     >>> import argparse
     >>> parser = argparse.ArgumentParser()
     >>> add_arguments(parser)
-    >>> args = parser.parse_args(["--nproc", "2", "train.py", "--lr", "0.1"])
-    >>> args.nproc, args.script_args
-    (2, ['--lr', '0.1'])
+    >>> args = parser.parse_args(["--nproc_per_node=2", "train.py", "--lr", "0.1"])
+    >>> args.nproc_per_node, args.training_script_args
+    ('2', ['--lr', '0.1'])
 """
 
 from __future__ import annotations
@@ -16,52 +16,51 @@ from collections.abc import Mapping
 
 from ddpkit._core.protocol import HANG_TIMEOUT_ENV
 from ddpkit.env.slurm import slurm_nodes
-from ddpkit.launch.launcher import run_script
+from ddpkit.launch.launcher import Program, run_script
 from ddpkit.launch.plan import LaunchPlan, plan_from_slurm
+from ddpkit.launch.torchrun_flags import (
+    add_torchrun_arguments,
+    check_supported,
+    log_options,
+    parse_rdzv_conf,
+    rendezvous_flags,
+    resolve_nproc,
+)
 
-HELP = "launch a training script on N worker processes (torchrun semantics)"
+HELP = "launch a training script on N worker processes (torchrun's command line)"
 DESCRIPTION = (
     "Launch SCRIPT as N worker processes on this node through torch's elastic launcher. "
-    "Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
-    "MASTER_PORT, so torchrun-style scripts run unchanged."
+    "Every torchrun flag works with torchrun's meaning (and PET_* variables as defaults); "
+    "each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR "
+    "and MASTER_PORT, so torchrun scripts and command lines run unchanged."
 )
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    """``run``'s flags: workers, restarts, diagnostics, several nodes, the script.
+    """``run``'s flags: torchrun's, whole (:mod:`ddpkit.launch.torchrun_flags`), and ddpkit's.
 
     Example:
         >>> parser = argparse.ArgumentParser(); add_arguments(parser)
-        >>> parser.parse_args(["--max-restarts", "3", "t.py"]).max_restarts
+        >>> parser.parse_args(["--max_restarts=3", "t.py"]).max_restarts
         3
     """
-    run.add_argument(
+    add_torchrun_arguments(run)
+    ours = run.add_argument_group("ddpkit's own")
+    ours.add_argument(
         "--nproc",
-        "--nproc-per-node",
-        type=int,
-        default=1,
+        dest="nproc_per_node",
+        default=argparse.SUPPRESS,  # torchrun's --nproc-per-node holds the default
         metavar="N",
-        help="worker processes on this node (default: 1; one per GPU is usual)",
+        help="worker processes on this node: --nproc-per-node's short name",
     )
-    run.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        metavar="K",
-        help="restart the whole worker group up to K times after a failure; with a "
-        "checkpoint_dir the workers resume from the newest checkpoint",
+    ours.add_argument(
+        "--master",
+        default=None,
+        metavar="ADDR:PORT",
+        help="node 0's address and a free port there (static rendezvous): --master-addr "
+        "and --master-port in one",
     )
-    _add_diagnostic_options(run)
-    _add_node_options(run)
-    run.add_argument("script", help="the training script (a .py file)")
-    run.add_argument(
-        "script_args", nargs=argparse.REMAINDER, help="arguments passed to the script unchanged"
-    )
-
-
-def _add_diagnostic_options(run: argparse.ArgumentParser) -> None:
-    group = run.add_argument_group("hangs and mismatched collectives")
-    group.add_argument(
+    ours.add_argument(
         "--hang-timeout",
         type=_seconds,
         default=None,
@@ -69,52 +68,11 @@ def _add_diagnostic_options(run: argparse.ArgumentParser) -> None:
         help="seconds one training step or collective may take; past it every rank reports "
         "what it is doing and the job exits with code 124 (default 600; 0: off)",
     )
-    group.add_argument(
+    ours.add_argument(
         "--debug-collectives",
         action="store_true",
         help="check before each collective that all ranks call the same one with the same "
         "shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL; slower, for debugging)",
-    )
-
-
-def _add_node_options(run: argparse.ArgumentParser) -> None:
-    nodes = run.add_argument_group("several nodes (run the same command on each)")
-    nodes.add_argument(
-        "--nnodes",
-        default=None,
-        metavar="N|MIN:MAX",
-        help="number of nodes; MIN:MAX for an elastic job (default: 1)",
-    )
-    nodes.add_argument(
-        "--node-rank",
-        type=int,
-        default=None,
-        metavar="R",
-        help="this node's index, 0 on the master's node (static, with --master)",
-    )
-    nodes.add_argument(
-        "--master",
-        default=None,
-        metavar="ADDR:PORT",
-        help="node 0's address and a free port there (static rendezvous)",
-    )
-    nodes.add_argument(
-        "--rdzv-endpoint",
-        default=None,
-        metavar="HOST:PORT",
-        help="where nodes meet (dynamic rendezvous; node ranks are assigned)",
-    )
-    nodes.add_argument(
-        "--rdzv-id",
-        default=None,
-        metavar="ID",
-        help="a job id shared by all nodes of one dynamic job",
-    )
-    nodes.add_argument(
-        "--local-addr",
-        default=None,
-        metavar="ADDR",
-        help="this node's address as the others reach it (default: its FQDN)",
     )
 
 
@@ -125,7 +83,10 @@ def main(args: argparse.Namespace) -> int:
 
         main(parser.parse_args(["--nproc", "2", "examples/wine.py"]))
     """
-    run_script(launch_plan(args), args.script, args.script_args, worker_settings(args))
+    check_supported(args)
+    program = Program(args.training_script, tuple(args.training_script_args),
+                      module=args.module, no_python=args.no_python)  # fmt: skip
+    run_script(launch_plan(args), program, worker_settings(args))
     return 0
 
 
@@ -153,19 +114,24 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         >>> launch_plan(parser.parse_args(["--nproc", "2", "train.py"]), environ={}).mode
         'local'
     """
-    flags = {"nnodes": args.nnodes, "master": args.master, "rdzv_endpoint": args.rdzv_endpoint}
+    rendezvous = rendezvous_flags(args)
     plan = LaunchPlan(
-        nproc=args.nproc,
+        nproc=resolve_nproc(args.nproc_per_node),
         nnodes=args.nnodes or "1",
         node_rank=args.node_rank,
-        master=args.master,
-        rdzv_endpoint=args.rdzv_endpoint,
         max_restarts=args.max_restarts,
         local_addr=args.local_addr,
         rdzv_id=args.rdzv_id,
+        rdzv_conf=parse_rdzv_conf(args.rdzv_conf),
+        monitor_interval=float(args.monitor_interval),
+        start_method=args.start_method,
+        role=args.role,
+        **rendezvous,
+        **log_options(args),
     )
+    given = (args.nnodes not in (None, "1", "1:1"), *rendezvous.values(), args.standalone)
     job = slurm_nodes(environ)
-    if job is not None and not any(flags.values()):  # `srun ddpkit run train.py`
+    if job is not None and not any(given):  # `srun ddpkit run train.py`
         plan = plan_from_slurm(plan, job)
     return plan
 

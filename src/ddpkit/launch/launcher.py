@@ -21,6 +21,7 @@ Example (a module-level function: workers receive it pickled)::
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import pickle
 import signal
@@ -28,6 +29,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,13 +84,38 @@ def spawn(
     return [results[first + local] for local in range(nprocs)]
 
 
+@dataclass(frozen=True)
+class Program:
+    """What each worker runs: a script, a module (``-m``) or any executable (``--no-python``).
+
+    Example:
+        >>> Program("pkg.train", ("--lr", "1"), module=True).describe()
+        '-m pkg.train'
+    """
+
+    target: str
+    args: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+
+    def describe(self) -> str:
+        return f"-m {self.target}" if self.module else self.target
+
+    def entrypoint(self) -> tuple[str, tuple[str, ...]]:
+        """The command torch's agent starts: ddpkit's worker bootstrap around the script or
+        module, or the executable itself (which runs without ddpkit's lifeline)."""
+        if self.no_python:
+            return self.target, self.args
+        what = ("-m", self.target) if self.module else (str(check_script(self.target)),)
+        return sys.executable, ("-u", "-m", "ddpkit.launch.worker", *what, *self.args)
+
+
 def run_script(
     plan: LaunchPlan,
-    script: str,
-    script_args: list[str],
+    program: Program | str,
     worker_env: Mapping[str, str] | None = None,
 ) -> None:
-    """Launch ``python script *script_args`` as ``plan.nproc`` workers on this node.
+    """Launch ``program`` (a script path, or a :class:`Program`) as ``plan.nproc`` workers.
 
     Any torchrun-style script works unchanged: it sees RANK, LOCAL_RANK, WORLD_SIZE,
     LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, plus ``worker_env`` (settings the user
@@ -98,16 +125,18 @@ def run_script(
 
     Example::
 
-        run_script(LaunchPlan(nproc=2), "examples/wine.py", ["--epochs", "5"])
+        run_script(LaunchPlan(nproc=2), Program("examples/wine.py", ("--epochs", "5")))
     """
-    path = check_script(script)
+    program = program if isinstance(program, Program) else Program(program)
+    command, args = program.entrypoint()  # checks the script before anything starts
+    if program.module:
+        check_module(program.target)
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
-    with _launch_scope({**defaults, **(worker_env or {})}) as log_dir:
+    with _launch_scope({**defaults, **(worker_env or {})}, plan.log_dir) as log_dir:
         config = to_launch_config(plan, log_dir)
-        bootstrap = ("-u", "-m", "ddpkit.launch.worker", str(path))
         try:
-            elastic_launch(config, sys.executable)(*bootstrap, *script_args)
+            elastic_launch(config, command)(*args)
         except (ChildFailedError, SignalException) as err:
             raise launch_outcome(err, log_dir) from None
 
@@ -149,6 +178,29 @@ def check_script(script: str) -> Path:
     return path
 
 
+def check_module(name: str) -> None:
+    """A ConfigError unless ``python -m name`` would find the module (from this folder too).
+
+    Example:
+        >>> check_module("no_such_module_here")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: module no_such_module_here (-m) is not importable from ...
+    """
+    sys.path.insert(0, os.getcwd())  # as `python -m` puts the current folder first
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    finally:
+        sys.path.pop(0)
+    if not found:
+        raise ConfigError(
+            f"module {name} (-m) is not importable from {os.getcwd()}: check its name, or run "
+            "from the folder that holds its package"
+        )
+
+
 def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
     """Environment defaults for this node's workers; variables the user already set are kept.
 
@@ -182,8 +234,9 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
-    """A temporary log folder for one launch, and the workers' environment around it.
+def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -> Iterator[str]:
+    """A log folder for one launch (temporary, or the user's ``--log-dir``, which is kept),
+    and the workers' environment around it.
 
     Workers inherit ``env_values``. Our own environment and signal handlers are restored
     entirely afterwards: torch's launcher also writes to the caller's environment
@@ -195,8 +248,12 @@ def _launch_scope(env_values: dict[str, str]) -> Iterator[str]:
     os.environ.update(env_values)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
     try:
-        with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
-            yield log_dir
+        if kept_log_dir is not None:
+            Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
+            yield kept_log_dir
+        else:
+            with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
+                yield log_dir
     finally:
         for key in set(os.environ) - set(saved):
             del os.environ[key]

@@ -16,9 +16,9 @@ Example:
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit._core.text import parse_endpoint
@@ -49,6 +49,15 @@ class LaunchPlan:
     rdzv_id: str | None = None
     max_restarts: int = 0
     local_addr: str | None = None
+    # torchrun's other knobs, with torchrun's defaults
+    rdzv_conf: dict[str, str] = field(default_factory=dict)
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    role: str = "default"
+    log_dir: str | None = None  # kept after the job, as torchrun keeps it
+    redirects: str = "0"  # torchrun's Std values: 0 none, 1 stdout, 2 stderr, 3 both
+    tee: str = "0"
+    local_ranks_filter: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         check_nproc(self.nproc)
@@ -57,6 +66,8 @@ class LaunchPlan:
         if self.master and self.rdzv_endpoint:
             raise ConfigError("pass --master (static) or --rdzv-endpoint (dynamic), not both")
         _check_mode_flags(self, *parse_nnodes(self.nnodes))
+        _std(self.redirects, "--redirects")
+        _std(self.tee, "--tee")
 
     @property
     def mode(self) -> str:
@@ -155,20 +166,34 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
     low, high = plan.node_range
     backend, endpoint, configs = _rendezvous(plan)
     return LaunchConfig(
-        logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        logs_specs=DefaultLogsSpecs(
+            log_dir=log_dir,
+            redirects=_std(plan.redirects, "--redirects"),
+            tee=_std(plan.tee, "--tee"),
+            local_ranks_filter=set(plan.local_ranks_filter) or None,
+        ),
+        role=plan.role,
         min_nodes=low,
         max_nodes=high,
         nproc_per_node=plan.nproc,
         run_id=run_id(plan),
         rdzv_backend=backend,
         rdzv_endpoint=endpoint,
-        rdzv_configs={"timeout": RDZV_TIMEOUT_S, **configs},
+        rdzv_configs={"timeout": RDZV_TIMEOUT_S, **configs, **plan.rdzv_conf},
         local_addr=plan.local_addr,
         max_restarts=plan.max_restarts,
-        monitor_interval=0.1,
+        monitor_interval=plan.monitor_interval,
         signals_to_handle=FORWARDED_SIGNALS,
-        start_method="spawn",
+        start_method=plan.start_method,
     )
+
+
+def _std(value: str, flag: str) -> Std | dict[int, Std]:
+    """torchrun's ``0``-``3`` or per-rank ``0:1,1:2`` form, as torch's Std."""
+    try:
+        return Std.from_str(value)
+    except ValueError as err:
+        raise ConfigError(f"{flag} {value!r}: {err} (0 none, 1 stdout, 2 stderr, 3 both)") from None
 
 
 def run_id(plan: LaunchPlan) -> str:

@@ -6,6 +6,7 @@ script's, and a traceback starts at the script's own frames. The package does no
 this module, so ``python -m ddpkit.launch.worker`` runs it fresh.
 
     python -m ddpkit.launch.worker train.py --epochs 10      # what each worker runs
+    python -m ddpkit.launch.worker -m pkg.train --epochs 10  # ddpkit run -m pkg.train
 
 Example:
     >>> _script_frames(None, "train.py") is None
@@ -15,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import runpy
 import signal
@@ -35,15 +37,31 @@ def main(argv: list[str] | None = None) -> None:
         main(["train.py", "--epochs", "3"])
     """
     args = list(sys.argv[1:] if argv is None else argv)
+    module = len(args) >= 2 and args[0] == "-m"
+    if module:
+        args = args[1:]
     if not args:
-        sys.exit("usage: python -m ddpkit.launch.worker SCRIPT [ARGS...]")
+        sys.exit("usage: python -m ddpkit.launch.worker [-m MODULE | SCRIPT] [ARGS...]")
     die_with_launcher()
     run_setup()
-    script = args[0]
-    sys.argv = args
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    _run_as_main(args, module)
+
+
+def _run_as_main(args: list[str], module: bool) -> None:
+    """``python SCRIPT ARGS`` or ``python -m MODULE ARGS``, in this process."""
+    sys.argv = list(args)
+    if module:  # as `python -m`: the current folder first, argv[0] the module's file
+        sys.path[0] = os.getcwd()
+        spec = importlib.util.find_spec(args[0])
+        script = spec.origin if spec is not None and spec.origin else args[0]
+    else:
+        script = args[0]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit:
         raise
     except KeyboardInterrupt:  # Ctrl-C reached the launcher, which says so once for all
