@@ -41,6 +41,9 @@ _UNSUPPORTED: dict[str, object] = {
     "duplicate_stdout_filters": [],
     "duplicate_stderr_filters": [],
     "virtual_local_rank": False,
+    # ddpkit forwards its own set (SIGUSR1 included) and stops workers its own way
+    "signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+    "shutdown_timeout": None,
 }
 
 

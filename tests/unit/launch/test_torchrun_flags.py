@@ -100,6 +100,8 @@ def test_what_cannot_be_honoured_is_named(argv: list[str], message: str) -> None
         ["--numa-binding", "node"],
         ["--event-log-handler", "console"],
         ["--virtual-local-rank"],
+        ["--signals-to-handle", "SIGUSR2"],
+        ["--shutdown-timeout", "5"],
         ["--no-python", "-m"],
     ],
 )
