@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,11 +112,13 @@ def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
     return [found[rank][0] for rank in sorted(found)]
 
 
-def _blame_order(f: Failure) -> tuple[bool, bool, bool, int, int]:
-    # A hang report names the rank at fault itself; the agent's SIGTERM to the other workers
-    # can carry the same timestamp.
+def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, int, int]:
+    # A hang report names the rank at fault itself. When one worker dies the agent sends
+    # SIGTERM to the others within the same second (timestamps are whole seconds), so a
+    # SIGTERM death is the agent's doing unless nothing else failed.
     report = f.text.startswith(HANG_MARKER)
-    return (not report, f.is_echo, f.text == _NO_DETAIL, f.timestamp, f.rank)
+    stopped_by_agent = f.exitcode == -signal.SIGTERM
+    return (not report, f.is_echo, stopped_by_agent, f.text == _NO_DETAIL, f.timestamp, f.rank)
 
 
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:

@@ -54,6 +54,19 @@ def test_a_killed_worker_without_error_file_is_reported_by_signal(tmp_path: Path
     assert "SIGKILL" in blamed.detail and "killed by signal 9" in str(blamed)
 
 
+def test_a_sigkilled_worker_outranks_the_peer_the_agent_then_sigtermed(tmp_path: Path) -> None:
+    # torch's own records: both describe a signal, both carry the same whole-second timestamp
+    err = ChildFailedError("train", {0: failure(0, -15), 1: failure(1, -9)})
+    blamed = root_cause(err, tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (1, -9)
+    assert "also failed: rank 0" in blamed.detail
+
+
+def test_a_lone_sigterm_death_is_still_blamed(tmp_path: Path) -> None:
+    blamed = root_cause(ChildFailedError("train", {1: failure(1, -15)}), tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (1, -15)
+
+
 def test_newest_restart_attempt_wins(tmp_path: Path) -> None:
     old = tmp_path / "run_abc" / "attempt_0" / "0" / "error.json"
     old.parent.mkdir(parents=True)
