@@ -40,6 +40,7 @@ from torch.distributed.launcher.api import elastic_launch
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
 from ddpkit._core.system import loopback_interface, usable_cores
+from ddpkit._core.torchversion import torch_at_least
 from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
 from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
 from ddpkit.launch.lifeline import Tied
@@ -247,6 +248,7 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
     handlers = _signal_handlers()
     os.environ.update(env_values)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
+    _forward_sigusr1()
     try:
         if kept_log_dir is not None:
             Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
@@ -269,6 +271,18 @@ def _signal_handlers() -> dict[signal.Signals, Any]:
     numbers = [getattr(signal, name, None) for name in FORWARDED_SIGNALS.split(",")]
     found = {n: signal.getsignal(n) for n in numbers if n is not None}
     return {n: handler for n, handler in found.items() if handler is not None}
+
+
+def _forward_sigusr1() -> None:
+    """On torch < 2.10 (no ``signals_to_handle``) stop the agent on SIGUSR1, as newer torch
+    does: it then sends SIGUSR1 to every worker, which checkpoints and exits with 75."""
+    if torch_at_least("2.10") or threading.current_thread() is not threading.main_thread():
+        return  # newer torch forwards it itself; off the main thread no handler can be set
+
+    def stop_agent(signum: int, _frame: object) -> None:
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", signal.Signals(signum))
+
+    signal.signal(signal.SIGUSR1, stop_agent)
 
 
 def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:

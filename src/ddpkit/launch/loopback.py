@@ -28,8 +28,12 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from ddpkit._core.torchversion import torch_at_least
+
 BACKEND = "ddpkit-loopback"
 LOOPBACK = "127.0.0.1"
+# Before torch 2.8 the libuv server cannot adopt a listening socket (master_listen_fd).
+_LIBUV_OPTION = {} if torch_at_least("2.8") else {"use_libuv": False}
 
 
 class LoopbackRendezvous(RendezvousHandler):
@@ -60,6 +64,7 @@ class LoopbackRendezvous(RendezvousHandler):
         self._store = TCPStore(
             LOOPBACK, port, None, True, self._timeout,
             wait_for_workers=False, multi_tenant=True, master_listen_fd=sock.detach(),
+            **_LIBUV_OPTION,
         )  # fmt: skip
         return RendezvousInfo(
             PrefixStore(self._run_id, self._store),

@@ -15,8 +15,10 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.launcher.api import LaunchConfig
@@ -183,9 +185,16 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
         local_addr=plan.local_addr,
         max_restarts=plan.max_restarts,
         monitor_interval=plan.monitor_interval,
-        signals_to_handle=FORWARDED_SIGNALS,
         start_method=plan.start_method,
+        **_signal_options(),
     )
+
+
+def _signal_options() -> dict[str, Any]:
+    # torch < 2.10 has no signals_to_handle: its agent forwards SIGTERM, SIGINT, SIGHUP and
+    # SIGQUIT, and the launcher adds SIGUSR1 itself (launcher._forward_sigusr1).
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return {"signals_to_handle": FORWARDED_SIGNALS} if "signals_to_handle" in known else {}
 
 
 def _std(value: str, flag: str) -> Std | dict[int, Std]:

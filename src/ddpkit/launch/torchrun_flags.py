@@ -27,6 +27,7 @@ import argparse
 import os
 from typing import Any
 
+from ddpkit._core.torchversion import torch_at_least, torch_text
 from ddpkit.errors import ConfigError
 
 # torchrun's defaults for these say nothing the user chose: None tells "not given".
@@ -44,6 +45,17 @@ _UNSUPPORTED: dict[str, object] = {
     # ddpkit forwards its own set (SIGUSR1 included) and stops workers its own way
     "signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
     "shutdown_timeout": None,
+}
+# The torch release whose torchrun first has each of them: on an older torch ddpkit still
+# knows the flag, and its error says which torch has it.
+_ADDED_IN = {
+    "event_log_handler": "2.8",
+    "numa_binding": "2.9",
+    "duplicate_stdout_filters": "2.10",
+    "duplicate_stderr_filters": "2.10",
+    "virtual_local_rank": "2.10",
+    "signals_to_handle": "2.10",
+    "shutdown_timeout": "2.12",
 }
 
 
@@ -63,8 +75,19 @@ def add_torchrun_arguments(run: argparse.ArgumentParser) -> None:
     for group in source._action_groups:
         group._group_actions = [a for a in group._group_actions if a in source._actions]
     run._add_container_actions(source)
+    _add_newer_flags(run, {a.dest for a in source._actions})
     unset = {dest: None for dest in _UNSET_UNLESS_GIVEN if f"PET_{dest.upper()}" not in os.environ}
     run.set_defaults(**unset)
+
+
+def _add_newer_flags(run: argparse.ArgumentParser, known: set[str]) -> None:
+    """torchrun flags of a newer torch than this one, so that they are refused by name."""
+    for dest in _ADDED_IN:
+        if dest in known:
+            continue
+        spellings = ("--" + dest.replace("_", "-"), "--" + dest)
+        action = "store_true" if dest == "virtual_local_rank" else "store"
+        run.add_argument(*spellings, dest=dest, action=action, help=argparse.SUPPRESS)
 
 
 def resolve_nproc(value: str) -> int:
@@ -155,20 +178,30 @@ def check_supported(args: argparse.Namespace) -> None:
 
     Example:
         >>> parser = argparse.ArgumentParser(); add_torchrun_arguments(parser)
-        >>> check_supported(parser.parse_args(["--numa-binding", "node", "t.py"]))
+        >>> check_supported(parser.parse_args(["--logs-specs", "mine", "t.py"]))
         Traceback (most recent call last):
         ...
-        ddpkit.errors.ConfigError: ddpkit run does not support torchrun's --numa-binding ...
+        ddpkit.errors.ConfigError: ddpkit run does not support torchrun's --logs-specs ...
     """
     for dest, default in _UNSUPPORTED.items():
         if getattr(args, dest, default) not in (default, None):
-            flag = "--" + dest.replace("_", "-")
-            raise ConfigError(
-                f"ddpkit run does not support torchrun's {flag} (got "
-                f"{getattr(args, dest)!r}); run torchrun itself for it, or leave it out"
-            )
+            raise ConfigError(_refusal(dest, getattr(args, dest)))
     if args.no_python and args.module:
         raise ConfigError("--no-python and -m/--module cannot go together (as in torchrun)")
+
+
+def _refusal(dest: str, value: object) -> str:
+    flag = "--" + dest.replace("_", "-")
+    added = _ADDED_IN.get(dest)
+    if added and not torch_at_least(added):
+        return (
+            f"torchrun's {flag} needs torch {added} or newer (this is torch {torch_text()}), "
+            "and ddpkit run does not support it either: leave it out"
+        )
+    return (
+        f"ddpkit run does not support torchrun's {flag} (got {value!r}); "
+        "run torchrun itself for it, or leave it out"
+    )
 
 
 def _master_from(args: argparse.Namespace, endpoint: str | None) -> str | None:

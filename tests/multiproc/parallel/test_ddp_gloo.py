@@ -46,6 +46,7 @@ def test_two_workers_equal_one_process_with_twice_the_batch() -> None:
     assert max_abs_diff(single, untrained) > 1e-3  # the comparison is not vacuous
 
 
+@pytest.mark.oldest_torch
 def test_only_rank0_writes_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     full = ddpkit.spawn(mp_workers.train_with_checkpoints, 2, str(full_dir), 4, 2)

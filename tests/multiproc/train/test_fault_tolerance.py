@@ -72,6 +72,7 @@ def job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
     assert not leftover, f"processes of the job outlived it: {leftover}"
 
 
+@pytest.mark.oldest_torch
 def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_identical(
     job: Callable[..., Job], uninterrupted: dict[str, torch.Tensor]
 ) -> None:
@@ -103,6 +104,7 @@ def test_sigterm_to_the_launcher_checkpoints_exits_75_and_the_next_run_resumes(
     assert_identical(final_model(run.folder), uninterrupted)
 
 
+@pytest.mark.oldest_torch  # torch < 2.10 forwards SIGUSR1 through ddpkit's fallback
 def test_sigusr1_to_every_process_as_slurm_sends_it_stops_the_job_cleanly(
     job: Callable[..., Job],
 ) -> None:

@@ -109,3 +109,16 @@ def test_unsupported_torchrun_flags_are_refused_not_ignored(argv: list[str]) -> 
     args = build_parser().parse_args(["run", *argv, "train.py"])
     with pytest.raises(ConfigError, match=r"ddpkit run does not support|cannot go together"):
         check_supported(args)
+
+
+def test_a_flag_of_a_newer_torchrun_names_the_torch_that_has_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ddpkit.launch.torchrun_flags as flags
+
+    monkeypatch.setattr(flags, "torch_at_least", lambda release: False)  # as on torch 2.7
+    monkeypatch.setattr(flags, "torch_text", lambda: "2.7")
+    args = build_parser().parse_args(["run", "--numa-binding", "node", "train.py"])
+    with pytest.raises(ConfigError, match=r"--numa-binding needs torch 2.9 or newer \(this is "
+                       r"torch 2.7\), and ddpkit run does not support it either"):  # fmt: skip
+        check_supported(args)
