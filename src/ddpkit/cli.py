@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import signal
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 from ddpkit import __version__
 from ddpkit._core.log import command_logger
-from ddpkit.errors import DdpkitError, PreemptedError, StoppedBySignalError, WorkerFailedError
+from ddpkit.errors import (
+    DdpkitError,
+    PreemptedError,
+    ScriptError,
+    StoppedBySignalError,
+    WorkerFailedError,
+)
 
 COMMANDS = {
     "run": "ddpkit.launch.command",
@@ -101,8 +109,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         >>> main(["slurm", "--nodes", "0", "train.py"])
         2
     """
-    args = parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        _stop_with_75_before_launch()
+    try:
+        args = parse(argv)  # `run` imports torch here: seconds in which a SIGTERM may come
+    except PreemptedError as err:
+        return _preempted(command_logger(argv[0]), err)
     return _run(args, command_module(args.command))
+
+
+def _stop_with_75_before_launch() -> None:
+    # A job preempted while it starts is requeued like one preempted while it trains (exit
+    # 75); once the workers run, torch's agent and the Trainer take these signals over.
+    def stop(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        raise PreemptedError(f"stopped by {name} before they started; run the same command again")
+
+    for name in ("SIGTERM", "SIGUSR1"):
+        signal.signal(getattr(signal, name), stop)
+
+
+def _preempted(say: logging.Logger, err: PreemptedError) -> int:
+    say.warning(f"workers {err} (exit code {err.exitcode})")
+    return err.exitcode
 
 
 def _run(args: argparse.Namespace, module: ModuleType) -> int:
@@ -110,14 +140,16 @@ def _run(args: argparse.Namespace, module: ModuleType) -> int:
     try:
         return int(module.main(args))
     except PreemptedError as err:
-        say.warning(f"workers {err} (exit code {err.exitcode})")
-        return err.exitcode
+        return _preempted(say, err)
     except StoppedBySignalError as err:
         say.warning(str(err))
         return err.exitcode
     except WorkerFailedError as err:
         say.error(str(err))
         return _exit_code(err.exitcode)
+    except ScriptError as err:
+        say.error(str(err))
+        return err.exitcode
     except DdpkitError as err:
         say.error(f"error: {err}")
         return 2

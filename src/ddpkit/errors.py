@@ -67,12 +67,24 @@ class WorkerFailedError(DdpkitError, RuntimeError):
         (1, 1)
     """
 
-    def __init__(self, rank: int, exitcode: int, detail: str) -> None:
+    def __init__(self, rank: int, exitcode: int, detail: str, headline: str | None = None) -> None:
         self.rank = rank
         self.exitcode = exitcode
         self.detail = detail
         how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
-        super().__init__(f"worker rank {rank} failed ({how}):\n{detail}")
+        super().__init__(f"{headline or f'worker rank {rank} failed ({how})'}:\n{detail}")
+
+
+class ScriptError(DdpkitError):
+    """The training script cannot run at all (it does not compile), found before any worker
+    was started. Carries Python's own message: file, line and caret.
+
+    Example:
+        >>> ScriptError("train.py cannot run").exitcode
+        1
+    """
+
+    exitcode = 1  # as `python train.py` exits on a SyntaxError
 
 
 class CheckpointError(DdpkitError, RuntimeError):

@@ -14,7 +14,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 # --- exit codes -------------------------------------------------------------------------
@@ -26,6 +30,7 @@ LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifel
 HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"  # seconds; `ddpkit run --hang-timeout`
 FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"  # 1: keep ddpkit's own frames in tracebacks
 WORKER_SETUP_ENV = "DDPKIT_WORKER_SETUP"  # "module:function" run before the script
+LAUNCHER_REPORTS_ENV = "DDPKIT_LAUNCHER_REPORTS"  # 1: the launcher prints the traceback once
 MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"  # stop every rank after K optimizer steps, exit 0
 CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
 METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
@@ -40,11 +45,19 @@ HANG_ANSWER = "hang reported by"  # a rank that answered another rank's report
 PREEMPTED_MARKER = "preempted: "  # a clean stop after a checkpoint (exit 75)
 
 
-def error_record(headline: str, details: str, timestamp: int | None = None) -> dict[str, Any]:
+def error_record(
+    headline: str,
+    details: str,
+    timestamp: int | None = None,
+    call: str | None = None,
+    exitcode: int | None = None,
+) -> dict[str, Any]:
     """An error file's contents, in the layout torch's ``record()`` writes.
 
     ``headline`` is the first line the launcher shows; ``details`` the text it prints for
-    the rank it blames (a traceback, a hang report).
+    the rank it blames (a traceback, a hang report); ``call`` the torch or ddpkit call the
+    user's code was in (``"all_reduce (train.py:41)"``) and ``exitcode`` the code the worker
+    exits with: extras torch ignores, for when the agent stopped the worker before it saw it.
 
     Example:
         >>> error_record("ValueError: x", "Traceback ...", timestamp=7)["message"]["message"]
@@ -52,7 +65,51 @@ def error_record(headline: str, details: str, timestamp: int | None = None) -> d
     """
     stamp = int(time.time()) if timestamp is None else timestamp
     extra = {"py_callstack": details, "timestamp": str(stamp)}
+    if call:
+        extra["ddpkit_call"] = call
+    if exitcode is not None:
+        extra["ddpkit_exitcode"] = str(exitcode)
     return {"message": {"message": headline, "extraInfo": extra}}
+
+
+def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> None:
+    """Write ``record`` where torch's agent reads this worker's failure; a no-op outside an
+    elastic launch. ``keep_existing``: the first record written (a hang report) stays.
+
+    Example:
+        >>> write_error_file(error_record("ValueError: x", "..."))  # no launcher: no-op
+    """
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path or (keep_existing and os.path.exists(path)):
+        return
+    with contextlib.suppress(OSError):  # reporting the failure must never hide it
+        Path(path).write_text(json.dumps(record))
+
+
+def error_exitcode(message: Any) -> int | None:
+    """The exit code a worker recorded with its error, if it did.
+
+    Example:
+        >>> error_exitcode(error_record("x", "y", exitcode=3)["message"])
+        3
+    """
+    if not isinstance(message, dict):
+        return None
+    code = message.get("extraInfo", {}).get("ddpkit_exitcode")
+    return int(code) if code is not None else None
+
+
+def error_call(message: Any) -> str | None:
+    """The call the worker was in when it failed, from a record's ``message`` field.
+
+    Example:
+        >>> error_call(error_record("x", "y", call="all_reduce (t.py:3)")["message"])
+        'all_reduce (t.py:3)'
+    """
+    if not isinstance(message, dict):
+        return None
+    call = message.get("extraInfo", {}).get("ddpkit_call")
+    return str(call) if call else None
 
 
 def error_text(message: Any) -> str:

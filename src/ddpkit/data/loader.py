@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sized
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
@@ -79,6 +79,7 @@ def prepare_loader(
     _check_arguments(dataset, uneven, loader_kwargs)
     seed = seed if seed is not None else (configured_seed() or 0)
     shards = reference_world_size() or 1  # > 1 only in `ddpkit verify`'s reference run
+    _check_enough_samples(len(cast(Sized, dataset)), shards if shards > 1 else world.world_size)
     sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else ResumableDistributedSampler)(
         dataset,
         num_replicas=shards if shards > 1 else world.world_size,
@@ -293,6 +294,15 @@ def real_samples_on_rank(loader: Any) -> int | None:
     if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
         return None
     return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))  # type: ignore[arg-type]
+
+
+def _check_enough_samples(samples: int, ranks: int) -> None:
+    # DistributedSampler would hand some ranks copies of others' samples: all padding.
+    if samples < ranks:
+        raise ConfigError(
+            f"the dataset has {samples} sample(s) but the job has {ranks} ranks: every rank "
+            f"needs at least one; launch --nproc {samples} or fewer, or use more data"
+        )
 
 
 def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]) -> None:

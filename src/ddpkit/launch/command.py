@@ -16,8 +16,9 @@ from collections.abc import Mapping
 
 from ddpkit._core.protocol import HANG_TIMEOUT_ENV
 from ddpkit.env.slurm import slurm_nodes
-from ddpkit.launch.launcher import Program, run_script
+from ddpkit.launch.launcher import run_script
 from ddpkit.launch.plan import LaunchPlan, plan_from_slurm
+from ddpkit.launch.program import Program
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
     check_supported,

@@ -27,6 +27,9 @@ from ddpkit._core.protocol import (
     HANG_ANSWER,
     HANG_MARKER,
     PREEMPTED_MARKER,
+    error_call,
+    error_exitcode,
+    error_headline,
     error_text,
     error_timestamp,
 )
@@ -41,7 +44,20 @@ _ECHOES = (
     "communicator was aborted",
     HANG_ANSWER,  # a rank that answered another rank's hang report
 )
-_NO_DETAIL = "no error recorded; see the worker's output above"
+_NO_DETAIL = (
+    "no Python error was recorded (os._exit, or a crash in native code); see the worker's "
+    "output above"
+)
+# torch's own words for the two signals users meet most, and what usually sent them.
+_SIGNAL_HINTS = {
+    -signal.SIGKILL: "SIGKILL comes from `kill -9` or the kernel's OOM killer: check "
+    "`dmesg | grep -i 'out of memory'` and the job's memory limit",
+    -signal.SIGSEGV: "a crash in native code (a CUDA/NCCL driver mismatch, a bad extension)",
+}
+_SAME_CALLS = (
+    "every rank must make the same collective calls in the same order (evaluating or "
+    "saving on rank 0 only? an early return or one batch fewer on one rank?)"
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,20 @@ class Failure:
     exitcode: int
     text: str
     timestamp: int
+    headline: str = ""
+    call: str | None = None  # the torch/ddpkit call the user's code was in
+
+    @property
+    def stopped(self) -> bool:
+        """True when a signal stopped this worker (SIGTERM's default, or ddpkit's exit 75):
+        the agent's doing when another worker failed, or a preemption when all were."""
+        return self.exitcode == -signal.SIGTERM or self.text.startswith(PREEMPTED_MARKER)
+
+    @property
+    def summary(self) -> str:
+        """One line: the recorded headline, or the text's last line (the exception)."""
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        return self.headline or (lines[-1].strip() if lines else _NO_DETAIL)
 
     @property
     def is_echo(self) -> bool:
@@ -75,19 +105,75 @@ def is_echo(text: str) -> bool:
     return any(echo in lowered for echo in _ECHOES)
 
 
-def root_cause(err: ChildFailedError, log_dir: str | os.PathLike[str]) -> WorkerFailedError:
-    """The worker to blame for ``err``, with its traceback, as a WorkerFailedError.
+def root_cause(
+    err: ChildFailedError, log_dir: str | os.PathLike[str], local_world: int | None = None
+) -> WorkerFailedError:
+    """The worker to blame for ``err`` as a WorkerFailedError: its traceback once, then one
+    line per other failed rank saying what happened to it.
+
+    ``local_world`` (this node's worker count) lets it tell which ranks finished the script
+    normally: a rank that waited in a collective for one of them made the classic mistake.
 
     Example::
 
-        root_cause(child_failed, "/tmp/logs").rank   # the worker whose error is not an echo
+        root_cause(child_failed, "/tmp/logs", 2).rank   # the worker whose error is the cause
     """
     failures = _all_failures(err, Path(log_dir))
-    ranked = sorted(failures, key=_blame_order)
-    cause = ranked[0]
-    others = [f"rank {f.rank}" + (" after its peer died" if f.is_echo else "") for f in ranked[1:]]
-    detail = cause.text + (f"\n(also failed: {', '.join(others)})" if others else "")
-    return WorkerFailedError(rank=cause.rank, exitcode=cause.exitcode, detail=detail)
+    cause, *others = sorted(failures, key=_blame_order)
+    finished = _finished_ranks(err, failures, local_world)
+    same = [f for f in others if f.summary == cause.summary and not f.is_echo]
+    lines = [cause.text] + [_what_happened(f, cause) for f in others if f not in same]
+    return WorkerFailedError(
+        rank=cause.rank,
+        exitcode=cause.exitcode,
+        detail="\n".join(lines),
+        headline=_headline(cause, same, finished),
+    )
+
+
+def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str | None:
+    """The summary's first line where it can say more than "worker rank N failed"."""
+    if cause.is_echo and finished:
+        who = _ranks_text(finished)
+        waited = f"waited in {cause.call}" if cause.call else "was in a collective call"
+        return (
+            f"rank {cause.rank} {waited} but {who} finished the script without calling "
+            f"it: {_SAME_CALLS}"
+        )
+    if same:
+        ranks = _ranks_text(sorted([cause.rank, *(f.rank for f in same)]))
+        return f"{ranks} failed with the same error ({_how(cause.exitcode)})"
+    return None
+
+
+def _what_happened(failure: Failure, cause: Failure) -> str:
+    """One line for a rank that failed too, but is not the one to blame."""
+    if failure.stopped:
+        return f"rank {failure.rank}: stopped by the launcher after rank {cause.rank} failed"
+    if failure.is_echo:  # torch's words for it are a paragraph ending in "GLHF!"
+        where = f" while in {failure.call}" if failure.call else ""
+        return f"rank {failure.rank}: failed when a peer left{where}"
+    return f"rank {failure.rank}: {failure.summary} ({_how(failure.exitcode)})"
+
+
+def _finished_ranks(
+    err: ChildFailedError, failures: list[Failure], local_world: int | None
+) -> list[int]:
+    """This node's ranks that are not among the failed: they exited 0 before the failure
+    (the agent stops the ones still running with SIGTERM, and those are listed)."""
+    if not local_world or not err.failures:
+        return []
+    first = next(rank - pf.local_rank for rank, pf in err.failures.items())
+    failed = {f.rank for f in failures}
+    return [rank for rank in range(first, first + local_world) if rank not in failed]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _how(exitcode: int) -> str:
+    return f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
 
 
 def preemption_message(text: str) -> str | None:
@@ -109,32 +195,34 @@ def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
         []
     """
     found = _read_error_files(Path(log_dir))
-    return [found[rank][0] for rank in sorted(found)]
+    return [found[rank][0][0] for rank in sorted(found)]
 
 
 def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, int, int]:
     # A hang report names the rank at fault itself. When one worker dies the agent sends
     # SIGTERM to the others within the same second (timestamps are whole seconds), so a
-    # SIGTERM death is the agent's doing unless nothing else failed.
+    # worker stopped by a signal is the agent's doing unless nothing else failed.
     report = f.text.startswith(HANG_MARKER)
-    stopped_by_agent = f.exitcode == -signal.SIGTERM
-    return (not report, f.is_echo, stopped_by_agent, f.text == _NO_DETAIL, f.timestamp, f.rank)
+    return (not report, f.is_echo, f.stopped, f.text == _NO_DETAIL, f.timestamp, f.rank)
 
 
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
     reported = {rank: _from_process_failure(rank, pf) for rank, pf in err.failures.items()}
     rank_offset = next((rank - pf.local_rank for rank, pf in err.failures.items()), 0)
-    for local_rank, (text, timestamp) in _read_error_files(log_dir).items():
+    for local_rank, (record, recorded_exit) in _read_error_files(log_dir).items():
         rank = local_rank + rank_offset
-        # A worker that recorded an exception failed with it (exit code 1), even when the
-        # agent's SIGTERM reached it while it was still exiting.
-        exitcode = reported[rank].exitcode if rank in reported else 1
-        reported[rank] = Failure(rank, exitcode if exitcode > 0 else 1, text, timestamp)
+        # A worker that recorded its error failed with it (exit code 1, or its sys.exit code),
+        # even when the agent's SIGTERM reached it while it was still exiting.
+        exitcode = reported[rank].exitcode if rank in reported else -1
+        exitcode = exitcode if exitcode > 0 else (recorded_exit or 1)
+        reported[rank] = Failure(rank, exitcode, *record)
     return list(reported.values())
 
 
 def _from_process_failure(rank: int, failure: ProcessFailure) -> Failure:
     text = _message_text(failure.message)  # torch describes signal deaths itself
+    hint = _SIGNAL_HINTS.get(failure.exitcode)
+    text = f"{text} ({hint})" if text and hint else text
     return Failure(rank, failure.exitcode, text or _NO_DETAIL, int(failure.timestamp))
 
 
@@ -145,8 +233,12 @@ def _message_text(message: Any) -> str:
     return error_text(message)
 
 
-def _read_error_files(log_dir: Path) -> dict[int, tuple[str, int]]:
-    """``{local_rank: (text, timestamp)}`` from the newest restart attempt's error files."""
+_Record = tuple[str, int, str, str | None]  # text, timestamp, headline, call
+
+
+def _read_error_files(log_dir: Path) -> dict[int, tuple[_Record, int | None]]:
+    """``{local_rank: ((text, timestamp, headline, call), exit code)}`` from the newest
+    restart attempt's error files."""
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))
     if not attempts:
         return {}
@@ -154,7 +246,13 @@ def _read_error_files(log_dir: Path) -> dict[int, tuple[str, int]]:
     for path in attempts[-1].glob("*/error.json"):
         try:
             message = json.loads(path.read_text())["message"]
-            found[int(path.parent.name)] = (_message_text(message), error_timestamp(message))
+            record = (
+                _message_text(message),
+                error_timestamp(message),
+                error_headline(message),
+                error_call(message),
+            )
+            found[int(path.parent.name)] = (record, error_exitcode(message))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a half-written file from a killed worker tells us nothing
     return found

@@ -21,15 +21,13 @@ Example (a module-level function: workers receive it pickled)::
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import logging
 import os
 import pickle
 import signal
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,13 +36,14 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit._core.log import command_logger
-from ddpkit._core.protocol import LAUNCHER_PID_ENV, PREEMPTED_EXIT_CODE
+from ddpkit._core.protocol import LAUNCHER_PID_ENV, LAUNCHER_REPORTS_ENV, PREEMPTED_EXIT_CODE
 from ddpkit._core.system import loopback_interface, usable_cores
 from ddpkit._core.torchversion import torch_at_least
 from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
 from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
+from ddpkit.launch.program import Program
 
 
 def spawn(
@@ -80,35 +79,9 @@ def spawn(
         try:
             results = elastic_launch(to_launch_config(plan, log_dir), Tied(fn))(*args)
         except (ChildFailedError, SignalException) as err:
-            raise launch_outcome(err, log_dir) from None
+            raise launch_outcome(err, log_dir, nprocs) from None
     first = node_rank * nprocs
     return [results[first + local] for local in range(nprocs)]
-
-
-@dataclass(frozen=True)
-class Program:
-    """What each worker runs: a script, a module (``-m``) or any executable (``--no-python``).
-
-    Example:
-        >>> Program("pkg.train", ("--lr", "1"), module=True).describe()
-        '-m pkg.train'
-    """
-
-    target: str
-    args: tuple[str, ...] = ()
-    module: bool = False
-    no_python: bool = False
-
-    def describe(self) -> str:
-        return f"-m {self.target}" if self.module else self.target
-
-    def entrypoint(self) -> tuple[str, tuple[str, ...]]:
-        """The command torch's agent starts: ddpkit's worker bootstrap around the script or
-        module, or the executable itself (which runs without ddpkit's lifeline)."""
-        if self.no_python:
-            return self.target, self.args
-        what = ("-m", self.target) if self.module else (str(check_script(self.target)),)
-        return sys.executable, ("-u", "-m", "ddpkit.launch.worker", *what, *self.args)
 
 
 def run_script(
@@ -129,21 +102,30 @@ def run_script(
         run_script(LaunchPlan(nproc=2), Program("examples/wine.py", ("--epochs", "5")))
     """
     program = program if isinstance(program, Program) else Program(program)
-    command, args = program.entrypoint()  # checks the script before anything starts
-    if program.module:
-        check_module(program.target)
+    program.check()  # a script that cannot start fails here, once, before any worker
+    command, args = program.entrypoint()
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
-    with _launch_scope({**defaults, **(worker_env or {})}, plan.log_dir) as log_dir:
+    env = {**defaults, **_quiet_workers(plan), **(worker_env or {})}
+    with _launch_scope(env, plan.log_dir) as log_dir:
         config = to_launch_config(plan, log_dir)
         try:
             elastic_launch(config, command)(*args)
         except (ChildFailedError, SignalException) as err:
-            raise launch_outcome(err, log_dir) from None
+            raise launch_outcome(err, log_dir, plan.nproc) from None
 
 
-def launch_outcome(err: ChildFailedError | SignalException, log_dir: str) -> DdpkitError:
-    """What ended a launch, as ddpkit's error: a preemption, a signal, or a failed worker.
+def _quiet_workers(plan: LaunchPlan) -> dict[str, str]:
+    # The launcher prints the blamed rank's traceback once; with --redirects or --tee each
+    # rank's log file keeps its own.
+    return {LAUNCHER_REPORTS_ENV: "1"} if plan.redirects == plan.tee == "0" else {}
+
+
+def launch_outcome(
+    err: ChildFailedError | SignalException, log_dir: str, local_world: int | None = None
+) -> DdpkitError:
+    """What ended a launch, as ddpkit's error: a preemption, a signal, or a failed worker
+    (``local_world``: this node's worker count, to tell which ranks finished normally).
 
     Example:
         >>> launch_outcome(SignalException("", signal.SIGINT), "/nonexistent").exitcode
@@ -152,54 +134,16 @@ def launch_outcome(err: ChildFailedError | SignalException, log_dir: str) -> Ddp
     if isinstance(err, SignalException):
         stops = [m for text in error_file_texts(log_dir) if (m := preemption_message(text))]
         signal_name = signal.Signals(err.sigval).name
-        return PreemptedError(stops[0]) if stops else StoppedBySignalError(signal_name, err.sigval)
-    cause = root_cause(err, log_dir)
+        if stops:
+            return PreemptedError(stops[0])
+        if signal_name in ("SIGTERM", "SIGUSR1"):  # a preemption before any worker could say
+            return PreemptedError(f"stopped by {signal_name} while starting; run it again")
+        return StoppedBySignalError(signal_name, err.sigval)
+    cause = root_cause(err, log_dir, local_world)
     message = preemption_message(cause.detail)
     if cause.exitcode == PREEMPTED_EXIT_CODE and message:
         return PreemptedError(message)
     return cause
-
-
-def check_script(script: str) -> Path:
-    """The script's path, or a ConfigError naming what is wrong with it.
-
-    Example:
-        >>> check_script("no/such/train.py")
-        Traceback (most recent call last):
-        ...
-        ddpkit.errors.ConfigError: script no/such/train.py does not exist (looked in ...)
-    """
-    path = Path(script)
-    if not path.exists():
-        raise ConfigError(f"script {script} does not exist (looked in {Path.cwd()})")
-    if not path.is_file():
-        raise ConfigError(
-            f"script {script} is a {'directory' if path.is_dir() else 'special file'}"
-        )
-    return path
-
-
-def check_module(name: str) -> None:
-    """A ConfigError unless ``python -m name`` would find the module (from this folder too).
-
-    Example:
-        >>> check_module("no_such_module_here")
-        Traceback (most recent call last):
-        ...
-        ddpkit.errors.ConfigError: module no_such_module_here (-m) is not importable from ...
-    """
-    sys.path.insert(0, os.getcwd())  # as `python -m` puts the current folder first
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        found = False
-    finally:
-        sys.path.pop(0)
-    if not found:
-        raise ConfigError(
-            f"module {name} (-m) is not importable from {os.getcwd()}: check its name, or run "
-            "from the folder that holds its package"
-        )
 
 
 def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
@@ -249,6 +193,12 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
     os.environ.update(env_values)
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # what workers tie their life to
     _forward_sigusr1()
+    torch_reports = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    saved_level = torch_reports.level
+    if "LOGLEVEL" not in os.environ:  # torchrun's knob for its own logs wins
+        # "failed (exitcode: 1) local_rank: 0" and "Sending process N closing signal": the
+        # summary says which rank failed, why, and what happened to the others.
+        torch_reports.setLevel(logging.CRITICAL)
     try:
         if kept_log_dir is not None:
             Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
@@ -257,6 +207,7 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
             with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
                 yield log_dir
     finally:
+        torch_reports.setLevel(saved_level)
         for key in set(os.environ) - set(saved):
             del os.environ[key]
         os.environ.update(saved)

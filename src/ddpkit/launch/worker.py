@@ -8,23 +8,33 @@ this module, so ``python -m ddpkit.launch.worker`` runs it fresh.
     python -m ddpkit.launch.worker train.py --epochs 10      # what each worker runs
     python -m ddpkit.launch.worker -m pkg.train --epochs 10  # ddpkit run -m pkg.train
 
-Example:
-    >>> _script_frames(None, "train.py") is None
-    True
+Example::
+
+    report_script_error(err)   # a script's uncaught error: recorded, printed unless quiet
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import runpy
 import signal
 import sys
+import traceback
 from collections.abc import Mapping
-from types import TracebackType
 
-from ddpkit._core.protocol import WORKER_SETUP_ENV
+from ddpkit._core.protocol import (
+    LAUNCHER_REPORTS_ENV,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+    WORKER_SETUP_ENV,
+    error_record,
+    write_error_file,
+)
+from ddpkit._core.torcherrors import summarize_mismatch
+from ddpkit._core.tracefold import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.launch.lifeline import die_with_launcher
 
@@ -43,8 +53,35 @@ def main(argv: list[str] | None = None) -> None:
     if not args:
         sys.exit("usage: python -m ddpkit.launch.worker [-m MODULE | SCRIPT] [ARGS...]")
     die_with_launcher()
+    stop_outside_training()
     run_setup()
     _run_as_main(args, module)
+
+
+def stop_outside_training() -> None:
+    """SIGTERM and SIGUSR1 end this worker with exit code 75 wherever they come, so a
+    preempted job can be requeued: ddpkit's Trainer takes them over while it trains (and
+    checkpoints first); before, after or without it there is nothing of ddpkit's to save.
+
+    Example::
+
+        stop_outside_training()   # first thing in a worker ddpkit run starts
+    """
+    for name in ("SIGTERM", "SIGUSR1"):
+        signal.signal(getattr(signal, name), _exit_preempted)
+
+
+def _exit_preempted(signum: int, _frame: object) -> None:
+    message = (
+        f"stopped by {signal.Signals(signum).name} outside training (start-up, evaluation "
+        "or exit), with nothing new saved; run the same command again"
+    )
+    record = error_record(PREEMPTED_MARKER + message, PREEMPTED_MARKER + message)
+    write_error_file(record, keep_existing=True)  # an error the script recorded stays the cause
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # the main thread may be inside a write
+            stream.flush()
+    os._exit(PREEMPTED_EXIT_CODE)  # at once, as the signal's default would, but with 75
 
 
 def _run_as_main(args: list[str], module: bool) -> None:
@@ -62,14 +99,45 @@ def _run_as_main(args: list[str], module: bool) -> None:
             runpy.run_module(args[0], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")
-    except SystemExit:
+    except SystemExit as stop:
+        _record_exit(stop)
         raise
     except KeyboardInterrupt:  # Ctrl-C reached the launcher, which says so once for all
         sys.exit(128 + signal.SIGINT)
     except BaseException as err:
-        # As `python script.py` does, but without this module's and runpy's frames on top.
-        sys.excepthook(type(err), err, _script_frames(err.__traceback__, script))
+        report_script_error(err)
         sys.exit(1)
+
+
+def report_script_error(err: BaseException) -> None:
+    """Record the script's error for the launcher, with the user's frames; print it too
+    unless the launcher prints the blamed rank's traceback once for all ranks.
+
+    Example::
+
+        report_script_error(ValueError("bad batch"))   # error file written, maybe printed
+    """
+    text = fold_traceback(err)
+    mismatch = summarize_mismatch(str(err))  # torch's is one 1,000-character line
+    headline = mismatch or text.splitlines()[-1]
+    details = f"{mismatch}\n{text}" if mismatch else text
+    # A hang report written before this exception is the cause; it stays.
+    write_error_file(error_record(headline, details, call=waiting_call(err)), keep_existing=True)
+    if not os.environ.get(LAUNCHER_REPORTS_ENV):
+        print(details, file=sys.stderr, flush=True)
+
+
+def _record_exit(stop: SystemExit) -> None:
+    """Say where the script called sys.exit with a failing code; the launcher names it."""
+    if stop.code in (None, 0):
+        return
+    frames = [f for f in traceback.extract_tb(stop.__traceback__) if not is_hidden(f.filename)]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    headline = f"the script called sys.exit({stop.code!r}){where}"
+    record = error_record(
+        headline, headline, exitcode=stop.code if isinstance(stop.code, int) else 1
+    )
+    write_error_file(record, keep_existing=True)  # a preemption's record stays
 
 
 def run_setup(environ: Mapping[str, str] | None = None) -> None:
@@ -92,13 +160,6 @@ def run_setup(environ: Mapping[str, str] | None = None) -> None:
     if not module or not function:
         raise ConfigError(f"{WORKER_SETUP_ENV}={spec!r} is not MODULE:FUNCTION")
     getattr(importlib.import_module(module), function)()
-
-
-def _script_frames(tb: TracebackType | None, script: str) -> TracebackType | None:
-    start = tb
-    while start is not None and start.tb_frame.f_code.co_filename != script:
-        start = start.tb_next
-    return start or tb  # an error before the script's first line: keep everything
 
 
 if __name__ == "__main__":

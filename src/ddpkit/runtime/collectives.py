@@ -20,8 +20,8 @@ from typing import Any, TypeVar, overload
 import torch
 import torch.distributed as dist
 
+from ddpkit._core.torcherrors import summarize_mismatch
 from ddpkit.errors import CollectiveMismatchError
-from ddpkit.runtime.errorfile import summarize_mismatch
 from ddpkit.runtime.session import world_or_none
 from ddpkit.runtime.watchdog import watch
 

@@ -9,7 +9,8 @@ them. At the next optimizer step every rank learns of it through the step guard'
 the ranks leave together, and each exits with :data:`PREEMPTED_EXIT_CODE`. ``ddpkit run``
 exits with it too, and running the same command again resumes from that checkpoint.
 
-Outside ``fit`` the signals keep their usual meaning (the process ends at once). Ctrl-C
+Outside ``fit`` the process ends at once: with exit code 75 in a worker ``ddpkit run`` started
+(:func:`ddpkit.launch.worker.stop_outside_training`), as by default otherwise. Ctrl-C
 (SIGINT) is not a preemption: it stops the job straight away.
 
 Example:

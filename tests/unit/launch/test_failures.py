@@ -7,16 +7,19 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from ddpkit._core.protocol import error_record
 from ddpkit.launch.failures import is_echo, root_cause
 
 ECHO = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
 
 
-def write_error_file(log_dir: Path, local_rank: int, message: str, stamp: int = 100) -> Path:
+def write_error_file(
+    log_dir: Path, local_rank: int, message: str, stamp: int = 100, call: str | None = None
+) -> Path:
     path = log_dir / "run_abc" / "attempt_0" / str(local_rank) / "error.json"
     path.parent.mkdir(parents=True)
-    payload = {"message": message, "extraInfo": {"py_callstack": message, "timestamp": str(stamp)}}
-    path.write_text(json.dumps({"message": payload}))
+    headline = message.splitlines()[-1]
+    path.write_text(json.dumps(error_record(headline, message, timestamp=stamp, call=call)))
     return path
 
 
@@ -38,7 +41,7 @@ def test_the_rank_with_a_cause_is_blamed_over_the_echo(tmp_path: Path) -> None:
     blamed = root_cause(err, tmp_path)
     assert blamed.rank == 1 and blamed.exitcode == 1
     assert "ValueError: bad batch on rank 1" in blamed.detail
-    assert "also failed: rank 0 after its peer died" in blamed.detail
+    assert blamed.detail.endswith("\nrank 0: failed when a peer left")
 
 
 def test_an_exception_outranks_the_agents_sigterm(tmp_path: Path) -> None:
@@ -59,7 +62,7 @@ def test_a_sigkilled_worker_outranks_the_peer_the_agent_then_sigtermed(tmp_path:
     err = ChildFailedError("train", {0: failure(0, -15), 1: failure(1, -9)})
     blamed = root_cause(err, tmp_path)
     assert (blamed.rank, blamed.exitcode) == (1, -9)
-    assert "also failed: rank 0" in blamed.detail
+    assert blamed.detail.endswith("\nrank 0: stopped by the launcher after rank 1 failed")
 
 
 def test_a_lone_sigterm_death_is_still_blamed(tmp_path: Path) -> None:
@@ -77,3 +80,58 @@ def test_newest_restart_attempt_wins(tmp_path: Path) -> None:
     new.write_text(old.read_text().replace("OldError", "NewError"))
     blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path)
     assert "NewError" in blamed.detail and "OldError" not in blamed.detail
+
+
+IMPORT_ERROR = (
+    'Traceback (most recent call last):\n  File "train.py", line 2, in <module>\n'
+    "    import tokenizers_typo\nModuleNotFoundError: No module named 'tokenizers_typo'"
+)
+
+
+def test_the_same_error_on_every_rank_is_shown_once(tmp_path: Path) -> None:
+    write_error_file(tmp_path, 0, IMPORT_ERROR)
+    write_error_file(tmp_path, 1, IMPORT_ERROR)
+    blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
+    assert str(blamed).startswith("ranks 0, 1 failed with the same error (exit code 1):\n")
+    assert blamed.detail == IMPORT_ERROR  # once, and no line for rank 1
+
+
+def test_a_rank_that_waited_for_a_finished_rank_names_the_call_and_the_mistake(
+    tmp_path: Path,
+) -> None:
+    write_error_file(tmp_path, 0, ECHO, call="all_reduce (train.py:41)")
+    # rank 1 exited 0 before rank 0 failed: torch lists only rank 0
+    blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
+    first = str(blamed).splitlines()[0]
+    assert first.startswith(
+        "rank 0 waited in all_reduce (train.py:41) but rank 1 finished the script without "
+        "calling it: every rank must make the same collective calls in the same order "
+        "(evaluating or saving on rank 0 only?"
+    )
+    assert blamed.rank == 0 and ECHO in blamed.detail
+
+
+def test_without_the_world_size_no_rank_is_said_to_have_finished(tmp_path: Path) -> None:
+    write_error_file(tmp_path, 0, ECHO, call="all_reduce (train.py:41)")
+    blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path)
+    assert str(blamed).startswith("worker rank 0 failed (exit code 1):")
+
+
+def test_a_worker_that_exited_75_on_the_agents_sigterm_is_not_the_cause(tmp_path: Path) -> None:
+    write_error_file(tmp_path, 0, "preempted: stopped by SIGTERM outside training", stamp=100)
+    write_error_file(tmp_path, 1, "ValueError: bad batch on rank 1", stamp=100)
+    err = ChildFailedError("train", {0: failure(0, 75), 1: failure(1, 1)})
+    blamed = root_cause(err, tmp_path, local_world=2)
+    assert (blamed.rank, blamed.exitcode) == (1, 1)
+    assert blamed.detail.endswith("\nrank 0: stopped by the launcher after rank 1 failed")
+
+
+def test_a_sys_exit_code_is_kept_when_torch_did_not_see_the_worker_exit(tmp_path: Path) -> None:
+    path = tmp_path / "run_abc" / "attempt_0" / "1" / "error.json"
+    path.parent.mkdir(parents=True)
+    said = "the script called sys.exit(3) at train.py:48"
+    path.write_text(json.dumps(error_record(said, said, exitcode=3)))
+    write_error_file(tmp_path, 0, ECHO)
+    # torch listed only rank 0: rank 1 was still in its atexit handlers at the agent's poll
+    blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
+    assert (blamed.rank, blamed.exitcode) == (1, 3) and said in blamed.detail

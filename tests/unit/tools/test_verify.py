@@ -8,10 +8,10 @@ from torch.utils.data import DistributedSampler, TensorDataset
 
 import ddpkit
 from ddpkit._core.envvars import positive_int_var as env_int
+from ddpkit._core.torcherrors import summarize_mismatch
 from ddpkit.data.coverage import count_coverage, describe_coverage
 from ddpkit.data.loader import GlobalOrderSampler, reference_world_size
 from ddpkit.parallel.replicas import check_replicas, fingerprint
-from ddpkit.runtime.errorfile import summarize_mismatch
 from ddpkit.tools.verify.report import compare_states, explained, findings, likely_causes
 
 

@@ -27,8 +27,8 @@ from ddpkit._core.log import command_logger
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
-from ddpkit.launch.launcher import check_script
 from ddpkit.launch.plan import check_nproc
+from ddpkit.launch.program import check_script
 from ddpkit.runtime.session import LOCAL_JOIN_TIMEOUT_S
 from ddpkit.tools.doctor import envinfo, netcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check

@@ -33,7 +33,7 @@ from ddpkit._core.protocol import (
 )
 from ddpkit.errors import DdpkitError
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
-from ddpkit.launch.launcher import check_script
+from ddpkit.launch.program import check_script
 from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE
 from ddpkit.tools.verify.report import (
     WORST_SHOWN,
