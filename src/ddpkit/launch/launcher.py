@@ -31,15 +31,22 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from torch.distributed import DistNetworkError
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import LAUNCHER_PID_ENV, LAUNCHER_REPORTS_ENV, PREEMPTED_EXIT_CODE
-from ddpkit._core.system import loopback_interface, usable_cores
+from ddpkit._core.system import listening_pid, loopback_interface, usable_cores
 from ddpkit._core.torchversion import torch_at_least
-from ddpkit.errors import ConfigError, DdpkitError, PreemptedError, StoppedBySignalError
+from ddpkit.errors import (
+    ConfigError,
+    DdpkitError,
+    PreemptedError,
+    RendezvousError,
+    StoppedBySignalError,
+)
 from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
@@ -113,6 +120,30 @@ def run_script(
             elastic_launch(config, command)(*args)
         except (ChildFailedError, SignalException) as err:
             raise launch_outcome(err, log_dir, plan.nproc) from None
+        except DistNetworkError as err:
+            raise store_failure(plan, err) from None
+
+
+def store_failure(plan: LaunchPlan, err: DistNetworkError) -> RendezvousError:
+    """torch's 40-line DistNetworkError from hosting the rendezvous store, in one line.
+
+    Example:
+        >>> err = DistNetworkError("failed to listen ... EADDRINUSE, address already in use")
+        >>> plan = LaunchPlan(nproc=2, nnodes="2", node_rank=0, master="10.0.0.1:65000")
+        >>> print(store_failure(plan, err))
+        10.0.0.1:65000 is in use: node 0 cannot host the rendezvous store there. Pick ...
+    """
+    endpoint = plan.master or plan.rdzv_endpoint or "the rendezvous endpoint"
+    if "EADDRINUSE" not in str(err):
+        return RendezvousError(f"the rendezvous store at {endpoint} failed: {err}")
+    port = endpoint.rsplit(":", 1)[-1]
+    pid = listening_pid(int(port)) if port.isdigit() else None
+    owner = f" (by pid {pid})" if pid is not None else ""
+    return RendezvousError(
+        f"{endpoint} is in use{owner}: node 0 cannot host the rendezvous store there. Pick "
+        f"another port (--master ADDR:PORT or --master-port) or stop "
+        + (f"pid {pid}" if pid is not None else "the process holding it")
+    )
 
 
 def _quiet_workers(plan: LaunchPlan) -> dict[str, str]:

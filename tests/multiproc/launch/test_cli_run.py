@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,19 @@ def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> 
     assert float(last.split()[2]) >= 0.9
     assert done.stdout.count("epoch 60/60") == 1  # rank 0 alone logs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000030.pt", "epoch_000060.pt"]
+
+
+def test_a_busy_master_port_is_one_line_naming_the_process_that_holds_it() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        node0 = ["--nproc", "1", "--nnodes", "2", "--node-rank", "0"]
+        done = ddpkit_cli("run", *node0, "--master", f"127.0.0.1:{port}", "examples/wine.py")
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == (
+        f"ddpkit run: error: 127.0.0.1:{port} is in use (by pid {os.getpid()}): node 0 cannot "
+        "host the rendezvous store there. Pick another port (--master ADDR:PORT or "
+        f"--master-port) or stop pid {os.getpid()}"
+    )
+    assert "Traceback" not in done.stderr
