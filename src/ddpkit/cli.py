@@ -26,6 +26,7 @@ from types import ModuleType
 
 from ddpkit import __version__
 from ddpkit._core.log import command_logger
+from ddpkit._core.protocol import STOP_SIGNALS
 from ddpkit.errors import (
     DdpkitError,
     PreemptedError,
@@ -126,7 +127,7 @@ def _stop_with_75_before_launch() -> None:
         name = signal.Signals(signum).name
         raise PreemptedError(f"stopped by {name} before they started; run the same command again")
 
-    for name in ("SIGTERM", "SIGUSR1"):
+    for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), stop)
 
 

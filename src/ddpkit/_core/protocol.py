@@ -39,6 +39,9 @@ REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N 
 SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
 
+# --- the signals that mean "stop and come back" (a preemption), not "fail" -----------------
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SLURM/Kubernetes preemption; SLURM's --signal=USR1@S
+
 # --- error-file markers: how a worker's record starts ------------------------------------
 HANG_MARKER = "hang: "  # the watchdog's report, from the rank that noticed
 HANG_ANSWER = "hang reported by"  # a rank that answered another rank's report

@@ -195,7 +195,7 @@ def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
         []
     """
     found = _read_error_files(Path(log_dir))
-    return [found[rank][0][0] for rank in sorted(found)]
+    return [found[rank].text for rank in sorted(found)]
 
 
 def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, int, int]:
@@ -209,13 +209,15 @@ def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, int, int]:
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
     reported = {rank: _from_process_failure(rank, pf) for rank, pf in err.failures.items()}
     rank_offset = next((rank - pf.local_rank for rank, pf in err.failures.items()), 0)
-    for local_rank, (record, recorded_exit) in _read_error_files(log_dir).items():
+    for local_rank, found in _read_error_files(log_dir).items():
         rank = local_rank + rank_offset
         # A worker that recorded its error failed with it (exit code 1, or its sys.exit code),
         # even when the agent's SIGTERM reached it while it was still exiting.
         exitcode = reported[rank].exitcode if rank in reported else -1
-        exitcode = exitcode if exitcode > 0 else (recorded_exit or 1)
-        reported[rank] = Failure(rank, exitcode, *record)
+        exitcode = exitcode if exitcode > 0 else (found.exitcode or 1)
+        reported[rank] = Failure(
+            rank, exitcode, found.text, found.timestamp, found.headline, found.call
+        )
     return list(reported.values())
 
 
@@ -233,12 +235,19 @@ def _message_text(message: Any) -> str:
     return error_text(message)
 
 
-_Record = tuple[str, int, str, str | None]  # text, timestamp, headline, call
+@dataclass(frozen=True)
+class _Recorded:
+    """What one worker wrote in its error file."""
+
+    text: str
+    timestamp: int
+    headline: str
+    call: str | None
+    exitcode: int | None
 
 
-def _read_error_files(log_dir: Path) -> dict[int, tuple[_Record, int | None]]:
-    """``{local_rank: ((text, timestamp, headline, call), exit code)}`` from the newest
-    restart attempt's error files."""
+def _read_error_files(log_dir: Path) -> dict[int, _Recorded]:
+    """``{local_rank: what it recorded}`` from the newest restart attempt's error files."""
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))
     if not attempts:
         return {}
@@ -246,13 +255,13 @@ def _read_error_files(log_dir: Path) -> dict[int, tuple[_Record, int | None]]:
     for path in attempts[-1].glob("*/error.json"):
         try:
             message = json.loads(path.read_text())["message"]
-            record = (
+            found[int(path.parent.name)] = _Recorded(
                 _message_text(message),
                 error_timestamp(message),
                 error_headline(message),
                 error_call(message),
+                error_exitcode(message),
             )
-            found[int(path.parent.name)] = (record, error_exitcode(message))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a half-written file from a killed worker tells us nothing
     return found

@@ -37,7 +37,12 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit._core.log import command_logger
-from ddpkit._core.protocol import LAUNCHER_PID_ENV, LAUNCHER_REPORTS_ENV, PREEMPTED_EXIT_CODE
+from ddpkit._core.protocol import (
+    LAUNCHER_PID_ENV,
+    LAUNCHER_REPORTS_ENV,
+    PREEMPTED_EXIT_CODE,
+    STOP_SIGNALS,
+)
 from ddpkit._core.system import listening_pid, loopback_interface, usable_cores
 from ddpkit._core.torchversion import torch_at_least
 from ddpkit.errors import (
@@ -167,7 +172,7 @@ def launch_outcome(
         signal_name = signal.Signals(err.sigval).name
         if stops:
             return PreemptedError(stops[0])
-        if signal_name in ("SIGTERM", "SIGUSR1"):  # a preemption before any worker could say
+        if signal_name in STOP_SIGNALS:  # a preemption before any worker could say
             return PreemptedError(f"stopped by {signal_name} while starting; run it again")
         return StoppedBySignalError(signal_name, err.sigval)
     cause = root_cause(err, log_dir, local_world)

@@ -29,6 +29,7 @@ from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
+    STOP_SIGNALS,
     WORKER_SETUP_ENV,
     error_record,
     write_error_file,
@@ -67,7 +68,7 @@ def stop_outside_training() -> None:
 
         stop_outside_training()   # first thing in a worker ddpkit run starts
     """
-    for name in ("SIGTERM", "SIGUSR1"):
+    for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), _exit_preempted)
 
 

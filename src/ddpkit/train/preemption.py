@@ -27,12 +27,10 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from ddpkit._core.log import logger
-from ddpkit._core.protocol import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from ddpkit._core.protocol import PREEMPTED_EXIT_CODE, PREEMPTED_MARKER, STOP_SIGNALS
 from ddpkit._core.system import flush_and_exit
 from ddpkit.runtime.collectives import barrier
 from ddpkit.runtime.errorfile import record_failure
-
-STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
 
 
 class StopSignals:
