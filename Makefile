@@ -8,6 +8,9 @@ TORCH_SPEC  ?= torch==2.13.0
 # The oldest torch pyproject.toml admits: make test also runs the unit tier and the tests marked
 # oldest_torch under it, in its own venv (a PyPI CUDA build, ~5.7 GB; built once, then kept).
 OLDEST_TORCH ?= 2.7.0
+# torchvision of that release: the ImageNet example is tested with torchvision there (no CPU
+# build of torchvision imports beside the pinned CPU torch 2.13.0) and without it in .venv.
+OLDEST_TORCHVISION ?= 0.22.0
 OLDEST_VENV  ?= .venv-torch$(OLDEST_TORCH)
 NPROC       ?= 2
 EPOCHS      ?= 100
@@ -63,7 +66,7 @@ $(VENV)/.test-installed: $(VENV)/.torch-installed pyproject.toml
 
 $(OLDEST_VENV)/.test-installed: pyproject.toml
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)"
+	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
 	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[test]"
 	touch $@
 

@@ -69,8 +69,8 @@ def image_folders(root: str | Path, size: int) -> tuple[Dataset[Any], Dataset[An
         train = datasets.ImageFolder(str(root / "train"), torchvision_transform(size, True))
         val = datasets.ImageFolder(str(root / "val"), torchvision_transform(size, False))
         return train, val, list(train.classes)
-    train_set = PillowImageFolder(root / "train", train_transform(size))
-    val_set = PillowImageFolder(root / "val", val_transform(size))
+    train_set = PillowImageFolder(root / "train", TrainTransform(size))
+    val_set = PillowImageFolder(root / "val", ValTransform(size))
     if val_set.classes != train_set.classes:
         raise ValueError(f"{root}/train and {root}/val have different class folders")
     return train_set, val_set, train_set.classes
@@ -110,31 +110,36 @@ def load_rgb(path: Path) -> Any:
         ) from None
 
 
-def train_transform(size: int) -> Callable[[Any], torch.Tensor]:
+# The transforms are classes, not closures: DataLoader workers started with the spawn method
+# (the default inside ``ddpkit.spawn``'s workers, as in any process multiprocessing spawned)
+# receive the dataset by pickling, and a local function cannot be pickled.
+class TrainTransform:
     """Random resized crop to ``size``, random horizontal flip, tensor, normalize."""
 
-    def apply(image: Any) -> torch.Tensor:
-        image = random_resized_crop(image, size)
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        image = random_resized_crop(image, self.size)
         if torch.rand(1).item() < 0.5:
             image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return normalize(to_tensor(image))
 
-    return apply
 
-
-def val_transform(size: int) -> Callable[[Any], torch.Tensor]:
+class ValTransform:
     """Resize the short side to size * 256 / 224, centre crop ``size``, tensor, normalize."""
 
-    def apply(image: Any) -> torch.Tensor:
-        short = round(size * 256 / 224)
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: Any) -> torch.Tensor:
+        size, short = self.size, round(self.size * 256 / 224)
         width, height = image.size
         scale = short / min(width, height)
         image = image.resize((max(1, round(width * scale)), max(1, round(height * scale))),
                              Image.Resampling.BILINEAR)  # fmt: skip
         left, top = (image.size[0] - size) // 2, (image.size[1] - size) // 2
         return normalize(to_tensor(image.crop((left, top, left + size, top + size))))
-
-    return apply
 
 
 def random_resized_crop(image: Any, size: int) -> Any:

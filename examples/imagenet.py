@@ -43,6 +43,11 @@ from ddpkit.env.initmethod import parse_init_method
 from imagefolder import SyntheticImages, check_layout, image_folders, torchvision
 from resnet import ARCHS, resnet
 
+LIBRARY = (
+    f"torchvision {torchvision.__version__}"
+    if torchvision is not None
+    else "Pillow and examples/resnet.py (torchvision is not installed)"
+)
 DUMMY_TRAIN, DUMMY_VAL, DUMMY_CLASSES = 1280, 256, 1000  # --dummy: ImageNet's 1000 classes
 
 
@@ -150,6 +155,7 @@ def launchers_meet_at(args: argparse.Namespace) -> str | None:
 def main_worker(args: argparse.Namespace) -> None:
     """One training process: join, build, train (or evaluate), report."""
     world = join(args)
+    ddpkit.print0(f"images and models: {LIBRARY}")
     train_set, val_set, classes = datasets(args)
     model = build_model(args.arch, classes, world)
     trainer = make_trainer(args, model, world)

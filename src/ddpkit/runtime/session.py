@@ -31,6 +31,7 @@ from ddpkit.env.world import Backend, World
 from ddpkit.errors import NotInitializedError, RendezvousError
 from ddpkit.runtime.errorfile import install_error_file_hook
 from ddpkit.runtime.errorhook import install_short_errors
+from ddpkit.runtime.filestore import mark_complete
 from ddpkit.runtime.seeding import forget_seed, seed_everything
 from ddpkit.runtime.stores import await_all_ranks, open_store
 from ddpkit.runtime.watchdog import resolve_hang_timeout, start_watchdog, stop_watchdog
@@ -147,6 +148,8 @@ def _join_process_group(
     where = method.path if method.kind == "file" else f"{world.master_addr}:{world.master_port}"
     store = open_store(world, method, join_s)
     await_all_ranks(store, world, join_s, str(where))
+    if method.path is not None:  # a rank arriving at this file from now on is another job's
+        mark_complete(method.path)
     try:
         dist.init_process_group(
             backend=world.backend,

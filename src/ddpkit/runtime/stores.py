@@ -13,21 +13,18 @@ Example:
 
 from __future__ import annotations
 
-import os
-import time
 from datetime import timedelta
-from pathlib import Path
 
 # The store classes' real home; torch.distributed re-exports them, but only this module has
 # type stubs for them.
-from torch._C._distributed_c10d import FileStore, Store, TCPStore
+from torch._C._distributed_c10d import Store, TCPStore
 
-from ddpkit._core.log import logger
 from ddpkit._core.system import listening_pid
 from ddpkit._core.text import ranks_text
 from ddpkit.env.initmethod import InitMethod
 from ddpkit.env.world import World
 from ddpkit.errors import RendezvousError
+from ddpkit.runtime.filestore import open_file_store
 
 JOIN_PREFIX = "ddpkit/join/"
 _VERDICT = "ddpkit/join/verdict"
@@ -44,10 +41,7 @@ def open_store(world: World, method: InitMethod, join_timeout: float) -> Store:
     """
     if method.kind == "file":
         assert method.path is not None
-        clear_stale_file_store(method.path, world.rank, join_timeout)
-        store = FileStore(method.path, world.world_size)
-        store.set_timeout(timedelta(seconds=join_timeout))
-        return store
+        return open_file_store(method.path, world.world_size, join_timeout)
     host, port = _tcp_endpoint(world, method)
     # torch's agent hosts a store at MASTER_ADDR:MASTER_PORT only: a tcp:// URL names
     # another endpoint, which rank 0 hosts itself, agent or not.
@@ -144,43 +138,3 @@ def _connect_tcp_store(host: str, port: int, world: World, join_timeout: float) 
 def _owner_text(port: int) -> str:
     pid = listening_pid(port)
     return f" (by pid {pid})" if pid is not None else ""
-
-
-def clear_stale_file_store(path: str, rank: int, join_timeout: float) -> None:
-    """Make sure a FileStore file left by an earlier, killed run cannot freeze this one.
-
-    A file not written for longer than the join timeout cannot belong to a rendezvous still
-    in progress (its ranks would have given up), so it is stale. Rank 0 removes it and says
-    so; other ranks wait up to the join timeout for rank 0 to replace it, then stop with an
-    error naming the file.
-
-    Example:
-        >>> clear_stale_file_store("/tmp/no-such-store", rank=0, join_timeout=30)
-    """
-    if not _is_stale(path, join_timeout):
-        return
-    if rank == 0:
-        age = time.time() - os.stat(path).st_mtime
-        Path(path).unlink(missing_ok=True)
-        logger.info(
-            f"removed stale FileStore file {path} (last written {age:.0f} s ago, "
-            "left by an earlier run that did not exit cleanly)"
-        )
-        return
-    deadline = time.monotonic() + join_timeout
-    while time.monotonic() < deadline and _is_stale(path, join_timeout):
-        time.sleep(0.2)
-    if _is_stale(path, join_timeout):
-        raise RendezvousError(
-            f"FileStore file {path} is left from an earlier run (not written for over "
-            f"{join_timeout:.0f} s) and rank 0 did not replace it within {join_timeout:.0f} s. "
-            f"Is rank 0 running with the same init method? If not, delete the file (rm {path}) "
-            "or use a new path, then start again."
-        )
-
-
-def _is_stale(path: str, join_timeout: float) -> bool:
-    try:
-        return time.time() - os.stat(path).st_mtime > join_timeout
-    except FileNotFoundError:
-        return False

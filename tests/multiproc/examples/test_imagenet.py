@@ -20,6 +20,7 @@ from helpers.launch_helpers import REPO, ddpkit_cli, processes_running
 pytestmark = pytest.mark.multiproc
 
 SMALL = ["--arch", "resnet18", "--image-size", "32", "-b", "32", "-j", "0", "-p", "1"]
+TUTORIAL = [*SMALL[:6], *SMALL[8:]]  # as the tutorial runs it: the default -j 4 loader workers
 
 
 def python(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -38,23 +39,28 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def tutorial_run(images: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
-    """The tutorial's command line, one epoch on 2 CPU processes, a temporary file URL."""
+    """The tutorial's command line, one epoch on 2 CPU processes, a temporary file URL, the
+    default -j: 2 loader processes per rank, started by spawn inside ddpkit.spawn's workers."""
     work = tmp_path_factory.mktemp("tutorial")
-    url = f"file://{work / 'pg'}"
-    done = python(
-        "examples/imagenet.py", str(images), "--arch", "resnet18", "--dist-url", url,
-        "--dist-backend", "gloo", "--world-size", "1", "--multiprocessing-distributed",
-        "--rank", "0", "--nproc-per-node", "2", "--epochs", "1", *SMALL[2:],
-        "--checkpoint-dir", str(work / "ckpt"),
-    )  # fmt: skip
+    done = _tutorials_command(images, work)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, work / "ckpt"
+
+
+def _tutorials_command(images: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    return python(
+        "examples/imagenet.py", str(images), "--arch", "resnet18", "--dist-url",
+        f"file://{work / 'pg'}", "--dist-backend", "gloo", "--world-size", "1",
+        "--multiprocessing-distributed", "--rank", "0", "--nproc-per-node", "2",
+        "--epochs", "1", *TUTORIAL[2:], "--checkpoint-dir", str(work / "ckpt"),
+    )  # fmt: skip
 
 
 def test_the_tutorials_command_trains_on_two_processes_and_reports_top1_top5(
     tutorial_run: tuple[str, Path],
 ) -> None:
     out, checkpoints = tutorial_run
+    assert "images and models: Pillow and examples/resnet.py" in out
     assert "world size 2 (2 processes per node x 1 node), backend gloo" in out
     assert "global batch 32 = 16 per device x 2 ranks" in out  # -b is per node, split
     assert re.search(r"epoch 1/1  batch 1/2  loss \d", out)  # -p 1: the tutorial's progress
@@ -69,8 +75,8 @@ def test_resume_continues_and_evaluate_only_evaluates(
 ) -> None:
     checkpoints = tmp_path / "ckpt"
     shutil.copytree(tutorial_run[1], checkpoints)
-    again = ddpkit_cli("run", "--nproc", "2", "examples/imagenet.py", str(images), *SMALL,
-                       "--epochs", "2", "--resume", str(checkpoints), "-j", "2")  # fmt: skip
+    again = ddpkit_cli("run", "--nproc", "2", "examples/imagenet.py", str(images), *TUTORIAL,
+                       "--epochs", "2", "--resume", str(checkpoints))  # fmt: skip
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from {checkpoints / 'epoch_000001.pt'}" in again.stdout
     assert "epoch 2/2  loss" in again.stdout and "epoch 1/2  loss" not in again.stdout
@@ -80,6 +86,21 @@ def test_resume_continues_and_evaluate_only_evaluates(
     assert f"resumed from {checkpoints / 'epoch_000002.pt'}" in evaluated.stdout
     assert " * Acc@1 " in evaluated.stdout and "loss" not in evaluated.stdout.split("Acc@5")[0]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch_000001.pt", "epoch_000002.pt"]
+
+
+@pytest.mark.oldest_torch  # the venv where torchvision imports (see the Makefile)
+def test_the_tutorials_commands_run_with_torchvision_through_both_launchers(
+    images: Path, tmp_path: Path
+) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    spawned = _tutorials_command(images, tmp_path / "spawned")
+    assert spawned.returncode == 0, spawned.stderr[-3000:]
+    launched = ddpkit_cli("run", "--nproc", "2", "examples/imagenet.py", str(images), *TUTORIAL,
+                          "--epochs", "1", "--checkpoint-dir", str(tmp_path / "run"))  # fmt: skip
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    for done in (spawned, launched):
+        assert f"images and models: torchvision {torchvision.__version__}" in done.stdout
+        assert re.search(r" \* Acc@1 \d+\.\d{3} Acc@5 \d+\.\d{3}", done.stdout)
 
 
 def test_dummy_images_need_no_folder(tmp_path: Path) -> None:

@@ -80,6 +80,43 @@ def test_tutorial_style_init_methods_form_a_group(scheme: str, tmp_path: Path) -
         assert [r["master"] for r in results] == [url, url]
 
 
+@pytest.mark.timeout(240)
+def test_ten_reruns_each_seconds_after_kill_9_all_meet(tmp_path: Path) -> None:
+    """The file a killed run leaves is seconds old; a new run must not read its keys."""
+    url = f"file://{tmp_path / 'pg'}"
+    for cycle in range(10):
+        first = cycle % 2  # rank 1 arriving first must not trust the old file either
+        ranks = [_start_rank(url, rank, hold=True) for rank in (first, 1 - first)]
+        outputs = [_read_until_joined(rank) for rank in ranks]
+        for rank in ranks:
+            rank.kill()  # SIGKILL: no clean close, the file stays behind
+            rank.wait()
+        assert all("joined 2" in out for out in outputs), (cycle, outputs)
+        assert (tmp_path / "pg").exists()  # what the next cycle has to deal with
+    last = [_start_rank(url, rank, hold=False) for rank in (0, 1)]
+    finished = [rank.communicate(timeout=60) for rank in last]
+    assert [rank.returncode for rank in last] == [0, 0], finished
+    assert "removed FileStore file" in finished[0][0] + finished[1][0]
+    assert not (tmp_path / "pg").exists()  # a clean run's FileStore deletes its file
+
+
+def _start_rank(url: str, rank: int, hold: bool) -> subprocess.Popen[str]:
+    command = [sys.executable, str(SCRIPTS / "join_file_store.py"), url, str(rank), "2"]
+    return subprocess.Popen([*command, *(["hold"] if hold else [])], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def _read_until_joined(rank: subprocess.Popen[str]) -> str:
+    """Its output up to "joined" (a hang shows as this test's timeout, with what it said)."""
+    assert rank.stdout is not None
+    lines = []
+    for line in rank.stdout:
+        lines.append(line)
+        if line.startswith("joined"):
+            break
+    return "".join(lines)
+
+
 def test_a_stale_file_store_does_not_freeze_the_next_run(tmp_path: Path) -> None:
     store_file = tmp_path / "pg"
     store_file.write_bytes(b"\x08\x00\x00\x00refcount\x01\x00\x00\x003")  # a killed run's leftovers

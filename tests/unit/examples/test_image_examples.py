@@ -44,8 +44,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_the_pillow_reader_reads_the_folder_as_imagefolder_does(folder: Path) -> None:
-    train = imagefolder.PillowImageFolder(folder / "train", imagefolder.train_transform(32))
-    val = imagefolder.PillowImageFolder(folder / "val", imagefolder.val_transform(24))
+    train = imagefolder.PillowImageFolder(folder / "train", imagefolder.TrainTransform(32))
+    val = imagefolder.PillowImageFolder(folder / "val", imagefolder.ValTransform(24))
     assert train.classes == ["class_00", "class_01", "class_02"] and len(train) == 12
     image, target = train[5]
     assert image.shape == (3, 32, 32) and target == 1
@@ -54,7 +54,7 @@ def test_the_pillow_reader_reads_the_folder_as_imagefolder_does(folder: Path) ->
 
 
 def test_the_generated_classes_differ_by_colour(folder: Path) -> None:
-    val = imagefolder.PillowImageFolder(folder / "val", imagefolder.val_transform(32))
+    val = imagefolder.PillowImageFolder(folder / "val", imagefolder.ValTransform(32))
     means = [torch.stack([val[i][0] for i in range(j * 2, j * 2 + 2)]).mean((0, 2, 3))
              for j in range(3)]  # fmt: skip
     assert min((a - b).abs().max() for a, b in [(means[0], means[1]), (means[1], means[2])]) > 0.1
@@ -74,3 +74,13 @@ def test_an_unreadable_image_is_named(tmp_path: Path) -> None:
     broken.write_bytes(b"not a png at all")
     with pytest.raises(imagefolder.UnreadableImageError, match=f"cannot read image {broken}"):
         imagefolder.load_rgb(broken)
+
+
+def test_the_pillow_datasets_pickle_for_spawned_loader_workers(folder: Path) -> None:
+    """DataLoader workers started by spawn (the default inside ``ddpkit.spawn``'s workers)
+    receive the dataset pickled; closures as transforms made the tutorial's -j 4 fail."""
+    import pickle
+
+    train = imagefolder.PillowImageFolder(folder / "train", imagefolder.TrainTransform(32))
+    again = pickle.loads(pickle.dumps(train))
+    assert again[3][0].shape == (3, 32, 32) and again[3][1] == train[3][1]

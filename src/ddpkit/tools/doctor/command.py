@@ -29,7 +29,6 @@ from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
 from ddpkit.launch.plan import check_nproc
 from ddpkit.launch.program import check_script
-from ddpkit.runtime.session import LOCAL_JOIN_TIMEOUT_S
 from ddpkit.tools.doctor import envinfo, netcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
 from ddpkit.tools.doctor.smoke import size_text
@@ -187,7 +186,7 @@ def machine_checks(
         netcheck.check_socket_interfaces(environ, names),
         netcheck.check_hostname(host["hostname"], host["fqdn"], multi_node),
         master_check,
-        preflight.check_file_store(options.init_method, LOCAL_JOIN_TIMEOUT_S),
+        preflight.check_file_store(options.init_method),
         preflight.check_threads(environ, options.nproc, facts["cpu"]["usable_cores"]),
     ]
 

@@ -30,6 +30,7 @@ from ddpkit._core.text import first_line
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.env.world import World, choose_backend
 from ddpkit.errors import ConfigError
+from ddpkit.runtime.filestore import holders_alive
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 STATUSES = (PASS, WARN, FAIL, SKIP)
@@ -174,11 +175,11 @@ def check_nccl(gpu_count: int, nccl_available: bool, nccl: str | None = None) ->
     )  # fmt: skip
 
 
-def check_file_store(init_method: str | None, stale_after_s: float) -> Check:
+def check_file_store(init_method: str | None) -> Check:
     """A file:// init method's directory is writable and its file is not left from a dead run.
 
     Example:
-        >>> check_file_store(None, 30).status
+        >>> check_file_store(None).status
         'SKIP'
     """
     if init_method is None:
@@ -192,7 +193,7 @@ def check_file_store(init_method: str | None, stale_after_s: float) -> Check:
     problem = _directory_problem(Path(method.path).parent)
     if problem is not None:
         return problem
-    return _file_state(method.path, stale_after_s)
+    return _file_state(method.path)
 
 
 def _directory_problem(directory: Path) -> Check | None:
@@ -213,23 +214,27 @@ def _directory_problem(directory: Path) -> Check | None:
     return None
 
 
-def _file_state(path: str, stale_after_s: float) -> Check:
-    try:
-        age = time.time() - os.stat(path).st_mtime
-    except FileNotFoundError:
+def _file_state(path: str) -> Check:
+    if not os.path.exists(path):
         return Check("file store", PASS, f"{path} is absent and its directory is writable")
-    if age > stale_after_s:
+    age = f"written {time.time() - os.stat(path).st_mtime:.0f} s ago"
+    alive = holders_alive(path)
+    if alive is False:
         return Check(
             "file store", WARN,
-            f"{path} was last written {age:.0f} s ago (> {stale_after_s:.0f} s): stale, "
-            "left by a run that did not exit cleanly",
-            f"rm {path} (ddpkit removes it itself at start; plain torch freezes on it)",
+            f"{path} ({age}) is left by a run whose processes are gone (killed, or crashed)",
+            f"nothing to do for ddpkit, which removes it at start; plain torch freezes on it: "
+            f"rm {path}",
+        )  # fmt: skip
+    if alive is True:
+        return Check(
+            "file store", WARN, f"{path} ({age}) is in use by a running job",
+            "wait for that job to end, or give this job its own file",
         )  # fmt: skip
     return Check(
         "file store", WARN,
-        f"{path} was written {age:.0f} s ago: a rendezvous may be in progress or another "
-        "job uses this file",
-        "wait for that job to end, or give this job its own file",
+        f"{path} ({age}) exists and this file system has no flock to tell who uses it",
+        f"if no job is running with it: rm {path}",
     )  # fmt: skip
 
 
