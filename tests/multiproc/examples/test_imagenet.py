@@ -48,6 +48,7 @@ def tutorial_run(images: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
 
 
 def _tutorials_command(images: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    work.mkdir(exist_ok=True)  # the folder of the file:// URL
     return python(
         "examples/imagenet.py", str(images), "--arch", "resnet18", "--dist-url",
         f"file://{work / 'pg'}", "--dist-backend", "gloo", "--world-size", "1",
