@@ -9,7 +9,7 @@
 
     # the same job through ddpkit's launcher
     ddpkit run --nproc 2 examples/imagenet.py data/tiny --arch resnet18 --image-size 64 \\
-        --epochs 5 -b 64
+        --epochs 5 -b 64 --checkpoint-dir runs/imagenet-run
 
 The flags mean what they mean in PyTorch's examples/imagenet/main.py. With
 --multiprocessing-distributed, --world-size is the number of nodes and --rank this node's
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.utils.data import default_collate
 
 import ddpkit
-from ddpkit.checkpoint import latest_checkpoint, list_checkpoints
+from ddpkit.checkpoint import latest_checkpoint, list_checkpoints, resolve_checkpoint_dir
 from ddpkit.env.initmethod import parse_init_method
 from imagefolder import SyntheticImages, check_layout, image_folders, torchvision
 from resnet import ARCHS, resnet
@@ -134,9 +134,11 @@ def checkpoint_problems(args: argparse.Namespace) -> list[str]:
 
 
 def checkpoint_folder(args: argparse.Namespace) -> Path:
+    """The run's folder, where `ddpkit verify` / `bench` / `doctor --run` really put it."""
     if args.resume is None:
-        return Path(args.checkpoint_dir)
-    return Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent
+        return resolve_checkpoint_dir(args.checkpoint_dir)
+    folder = Path(args.resume) if Path(args.resume).is_dir() else Path(args.resume).parent
+    return resolve_checkpoint_dir(folder)
 
 
 def processes_per_node(args: argparse.Namespace) -> int:

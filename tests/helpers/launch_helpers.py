@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -68,3 +69,13 @@ def ensure_debian_packages(needed: dict[str, str]) -> None:
         done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         pytest.skip(f"installing {', '.join(packages)} failed: {done.stderr.strip()[-300:]}")
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` with the hash of its bytes and its modification time."""
+    return {
+        str(path.relative_to(folder)): f"{hashlib.sha256(path.read_bytes()).hexdigest()} "
+        f"{path.stat().st_mtime_ns}"
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }

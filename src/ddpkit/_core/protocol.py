@@ -37,6 +37,7 @@ METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
 VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's record
 REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks
 SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
+CHECKPOINT_DIR_ENV = "DDPKIT_CHECKPOINT_DIR"  # a command's scratch folder for the checkpoints
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
 
 # --- the signals that mean "stop and come back" (a preemption), not "fail" -----------------

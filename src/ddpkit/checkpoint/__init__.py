@@ -25,6 +25,7 @@ from ddpkit.checkpoint.files import (
     prune_checkpoints,
     save_checkpoint,
 )
+from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 
 __all__ = [
     "INVALID_SUFFIX",
@@ -36,5 +37,6 @@ __all__ = [
     "load_checkpoint",
     "parse_name",
     "prune_checkpoints",
+    "resolve_checkpoint_dir",
     "save_checkpoint",
 ]

@@ -40,6 +40,7 @@ from ddpkit.checkpoint.files import (
     remove_stale_temporaries,
     save_checkpoint,
 )
+from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.parallel.strategy import strategy_of
@@ -49,6 +50,14 @@ from ddpkit.train.preemption import exit_preempted
 from ddpkit.train.progress import EpochProgress, loader_generator_state
 from ddpkit.train.signature import check_same_model, model_signature
 from ddpkit.train.state import TrainingRun
+
+
+def _announced(folder: str | os.PathLike[str]) -> Path:
+    """The folder this run uses; said when a ddpkit command redirected it to its scratch."""
+    actual = resolve_checkpoint_dir(folder)
+    if actual != Path(folder):
+        logger.info(f"checkpoints go to {actual} for this run; {folder} is left as it is")
+    return actual
 
 
 class Checkpointer:
@@ -97,7 +106,9 @@ class Checkpointer:
                     raise ConfigError(f"{name} needs a checkpoint_dir to save into")
         if keep_last is not None:
             check_positive_int("keep_last", keep_last)
-        return None if folder is None else cls(folder, save_every, save_every_steps, keep_last)
+        if folder is None:
+            return None
+        return cls(_announced(folder), save_every, save_every_steps, keep_last)
 
     def step_done(
         self, trainer: TrainingRun, progress: EpochProgress, stop: str | None, last: bool
@@ -205,7 +216,10 @@ class Checkpointer:
         trainer.load_state_dict(state)
         progress = _restored_progress(state, trainer, loader, path)
         where = parse_name(path.name)
-        logger.info(f"resumed from {path}" + (f" ({where.describe()})" if where else ""))
+        logger.info(
+            f"resumed from {path}" + (f" ({where.describe()})" if where else "") + "; to "
+            f"start from scratch instead, move {path.parent}'s checkpoints away"
+        )
         return progress
 
 

@@ -185,7 +185,10 @@ class Trainer(Updates):
         self._monitor.fit_started(self.model, setup, self.step)
         self.callbacks.call("on_fit_start", self)
         if self.epoch >= epochs:
-            logger.info(f"already trained {self.epoch} of {epochs} epochs; nothing to do")
+            logger.info(
+                f"already trained {self.epoch} of {epochs} epochs; nothing to do (ask for more "
+                "epochs to continue, or move the checkpoints away to train again from scratch)"
+            )
         with self._catching_stop_signals():
             for epoch in range(self.epoch, epochs):
                 if progress is None or progress.epoch != epoch:  # else: the resumed epoch

@@ -8,18 +8,25 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import ddpkit_cli
+from helpers.launch_helpers import ddpkit_cli, snapshot
 
 pytestmark = pytest.mark.multiproc
 
 
-def test_bench_on_wine_writes_table_json_csv_and_charts(tmp_path: Path) -> None:
+def test_bench_on_wine_writes_table_json_csv_and_charts(
+    tmp_path: Path, user_checkpoints: Path
+) -> None:
+    """Beside an earlier run's checkpoints (3 epochs, more than asked): every bench run trains
+    from nothing, the 2-worker run does not resume the 1-worker run, the user's folder stays."""
+    before = snapshot(user_checkpoints)
     out = tmp_path / "bench"
     done = ddpkit_cli(
         "bench", "examples/wine.py", "--epochs", "2", "--workers", "1,2", "--out", str(out),
-        timeout=240,
+        "--checkpoint-dir", str(user_checkpoints), timeout=240,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    assert snapshot(user_checkpoints) == before
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["w1-r1", "w2-r1"]
     assert "| workers | global batch |" in done.stdout
     assert "batch policy: per_device" in done.stdout
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddpkit.launch import jobs
-from helpers.launch_helpers import ddpkit_cli, processes_running
+from helpers.launch_helpers import ddpkit_cli, processes_running, snapshot
 
 pytestmark = [
     pytest.mark.multiproc,
@@ -57,12 +57,16 @@ def test_doctor_smoke_runs_a_correct_all_reduce_on_two_ranks() -> None:
     assert float(table[-1][4]) > 0 and float(table[-1][6]) > 0  # 16 MiB: algbw, busbw
 
 
-def test_doctor_run_gives_the_batch_and_lr_advice_as_json() -> None:
+def test_doctor_run_gives_the_batch_and_lr_advice_as_json(user_checkpoints: Path) -> None:
+    """Its short run leaves the script's checkpoint folder as it was (an earlier run's 3
+    epochs, which the script would otherwise continue to a 4th and save)."""
+    before = snapshot(user_checkpoints)
     done = ddpkit_cli(
-        "doctor", "--json", "--master", free_master(), "--run", "examples/wine.py", "--epochs", "2",
-        timeout=120,
+        "doctor", "--json", "--master", free_master(), "--run", "examples/wine.py", "--epochs", "4",
+        "--checkpoint-dir", str(user_checkpoints), timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+    assert snapshot(user_checkpoints) == before
     report = json.loads(done.stdout)  # nothing but the JSON on stdout
     checks = {c["name"]: c for c in report["checks"]}
     advice = checks["batch and lr"]
@@ -73,7 +77,9 @@ def test_doctor_run_gives_the_batch_and_lr_advice_as_json() -> None:
         "name": "gpu utilization", "status": "SKIP", "detail": "no GPU", "fix": None,
     }  # fmt: skip
     assert report["run"]["setup"]["world_size"] == 2
-    assert report["run"]["command"] == "ddpkit run --nproc 2 examples/wine.py --epochs 2"
+    assert report["run"]["command"] == (
+        f"ddpkit run --nproc 2 examples/wine.py --epochs 4 --checkpoint-dir {user_checkpoints}"
+    )
 
 
 def test_a_run_past_its_timeout_is_stopped_with_all_its_workers(tmp_path: Path) -> None:

@@ -7,16 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import ddpkit_cli
+from helpers.launch_helpers import REPO, ddpkit_cli, snapshot
 
 pytestmark = pytest.mark.multiproc
 
 
-def test_wine_example_passes_with_every_check(tmp_path: Path) -> None:
+def test_wine_example_passes_with_every_check(tmp_path: Path, user_checkpoints: Path) -> None:
+    """In a folder where the script's checkpoints of an earlier run lie: verify's runs start
+    from nothing, as in a clean folder, and leave those checkpoints as they were."""
+    before = snapshot(user_checkpoints)
     done = ddpkit_cli(
         "verify", "examples/wine.py", "--workers", "2", "--steps", "6", "--out", str(tmp_path),
-        timeout=240,
+        "--checkpoint-dir", str(user_checkpoints), timeout=240,
     )  # fmt: skip
+    assert snapshot(user_checkpoints) == before
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout
     assert "ok    global batch    64 in both (32 per device)" in lines
@@ -27,6 +31,9 @@ def test_wine_example_passes_with_every_check(tmp_path: Path) -> None:
     assert lines.strip().endswith("PASS: 2 workers computed what one process computes")
     reference = json.loads((tmp_path / "reference" / "record.json").read_text())
     assert reference["reference_for"] == 2 and reference["world_size"] == 1  # really 1 process
+    assert reference["steps"] == 6  # not the earlier run's 3 epochs
+    said = (tmp_path / "workers2" / "output.log").read_text()
+    assert f"checkpoints go to {tmp_path}/workers2/checkpoints/" in said
 
 
 def test_per_rank_seeding_fails_and_names_the_cause() -> None:
@@ -45,3 +52,14 @@ def test_a_script_without_the_trainer_is_a_clear_error() -> None:
     assert "the single-process reference exited with code 1" in done.stderr
     assert "environment variable RANK expected" in done.stderr  # the script's own error
     assert "Traceback" not in done.stderr.split("ddpkit verify: error:")[0]
+
+
+def test_the_readmes_script_runs_and_passes_verify_as_printed(tmp_path: Path) -> None:
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Your script", 1)[1]
+    script = tmp_path / "train.py"
+    script.write_text(section.split("```python\n", 1)[1].split("```", 1)[0])
+    done = ddpkit_cli("verify", str(script), "--steps", "6", timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().endswith("PASS: 2 workers computed what one process computes")
+    assert not (REPO / "runs" / "train").exists() and not (tmp_path / "runs").exists()

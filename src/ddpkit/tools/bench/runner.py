@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ddpkit._core.log import command_logger
-from ddpkit._core.protocol import METRICS_ENV
+from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, METRICS_ENV
 from ddpkit._core.system import usable_cores
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.runtime.reporting import read_reports
@@ -143,7 +144,10 @@ def run_once(config: BenchConfig, world_size: int, repeat: int, threads: int) ->
     for path in (metrics, log):
         path.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
-    env = {**os.environ, METRICS_ENV: str(metrics.resolve()), "OMP_NUM_THREADS": str(threads)}
+    checkpoints = config.out / "checkpoints" / name  # each run from scratch, never the user's
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    env = {**os.environ, METRICS_ENV: str(metrics.resolve()), "OMP_NUM_THREADS": str(threads),
+           CHECKPOINT_DIR_ENV: str(checkpoints.resolve())}  # fmt: skip
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as handle:
         done = subprocess.run(

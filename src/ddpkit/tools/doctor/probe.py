@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ddpkit._core.protocol import MAX_STEPS_ENV, METRICS_ENV, SMOKE_OUT_ENV
+from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, MAX_STEPS_ENV, METRICS_ENV, SMOKE_OUT_ENV
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.runtime.reporting import read_reports
 from ddpkit.tools.doctor import smoke
@@ -105,7 +105,8 @@ def probe_run(
     """
     with tempfile.TemporaryDirectory(prefix="ddpkit-doctor-") as folder:
         metrics = Path(folder) / "metrics.jsonl"
-        env = {METRICS_ENV: str(metrics), MAX_STEPS_ENV: str(steps)}
+        scratch = str(Path(folder) / "checkpoints")  # the user's folder is left as it is
+        env = {METRICS_ENV: str(metrics), MAX_STEPS_ENV: str(steps), CHECKPOINT_DIR_ENV: scratch}
         with sample_utilization(gpu_count) as samples:
             outcome = run_command(ddpkit_run_command(nproc, script, args), env, timeout)
         setup = next((r for r in read_reports(metrics) if r.get("kind") == "setup"), None)

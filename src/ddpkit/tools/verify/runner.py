@@ -26,6 +26,7 @@ import torch
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     CHECK_REPLICAS_ENV,
+    CHECKPOINT_DIR_ENV,
     MAX_STEPS_ENV,
     REFERENCE_WORLD_ENV,
     VERIFY_DIR_ENV,
@@ -126,6 +127,7 @@ def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
     folder.mkdir(parents=True, exist_ok=True)
     env = {
         VERIFY_DIR_ENV: str(folder.resolve()),
+        CHECKPOINT_DIR_ENV: str((folder / "checkpoints").resolve()),  # never the user's
         MAX_STEPS_ENV: str(config.steps),
         WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through an observer
     }

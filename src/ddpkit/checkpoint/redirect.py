@@ -1,0 +1,44 @@
+"""Where a run's checkpoints really go: the script's own folder, or a ddpkit command's scratch.
+
+``ddpkit verify``, ``ddpkit bench`` and ``ddpkit doctor --run`` run the user's script as it
+is. Were it to write and resume its own checkpoint folder there, a tool's run would resume
+from the user's earlier training (or the tool's first run would feed its second) and change
+what the user's next ``python train.py`` resumes from. So these commands set
+``DDPKIT_CHECKPOINT_DIR`` to a folder of their own, and every checkpoint folder a script names
+maps to a subfolder of it: the tool's runs start from nothing and the user's folder is left
+as it was.
+
+Example:
+    >>> import os
+    >>> str(resolve_checkpoint_dir("runs/wine"))
+    'runs/wine'
+    >>> os.environ["DDPKIT_CHECKPOINT_DIR"] = "/tmp/verify-1/checkpoints"
+    >>> str(resolve_checkpoint_dir("runs/wine"))
+    '/tmp/verify-1/checkpoints/runs-wine'
+    >>> str(resolve_checkpoint_dir(resolve_checkpoint_dir("runs/wine")))
+    '/tmp/verify-1/checkpoints/runs-wine'
+    >>> del os.environ["DDPKIT_CHECKPOINT_DIR"]
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ddpkit._core.protocol import CHECKPOINT_DIR_ENV
+
+
+def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path:
+    """The folder checkpoints named ``folder`` go to in this run (see the module's docstring).
+
+    A script that inspects its checkpoint folder itself (to refuse to overwrite an earlier
+    run, say) should look where this says, so that it sees what its Trainer will see.
+
+    Example:
+        >>> resolve_checkpoint_dir("/data/ckpt").name
+        'ckpt'
+    """
+    scratch = os.environ.get(CHECKPOINT_DIR_ENV)
+    if not scratch or Path(folder).is_relative_to(scratch):  # unset, or resolved already
+        return Path(folder)
+    return Path(scratch) / "-".join(p for p in Path(folder).parts if p not in ("/", "."))
