@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from helpers.launch_helpers import ensure_debian_packages, metric_lines, wine_on_one_host
+from helpers.netns import virtual_hosts
 from helpers.slurm_cluster import PACKAGES, SlurmCluster, start_cluster
 
 
@@ -22,6 +23,20 @@ def slurm() -> Iterator[SlurmCluster]:
     yield cluster
     left = cluster.stop()
     assert not left, f"processes of the test cluster outlived its teardown: {left}"
+
+
+@pytest.fixture(scope="session")
+def two_node_slurm() -> Iterator[SlurmCluster]:
+    """A second cluster of two nodes, each a slurmd on a virtual host of its own (network
+    namespace, address, host name); its controller listens on the hosts' switch."""
+    ensure_debian_packages(PACKAGES)
+    with virtual_hosts(2, prefix="dknode") as hosts:
+        cluster = start_cluster(hosts)
+        try:
+            yield cluster
+        finally:
+            left = cluster.stop()
+        assert not left, f"processes of the two-node cluster outlived its teardown: {left}"
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""A throw-away one-node SLURM cluster for the tests: munged, slurmctld and slurmd on loopback.
+"""A throw-away SLURM cluster for the tests: munged, slurmctld and slurmd on loopback, or one
+slurmd on each of several virtual hosts (:mod:`helpers.netns`) for multi-node jobs.
 
 Everything lives in one temporary folder (key, config, state, spool, logs); the daemons run
 in the foreground as children of pytest, each tied to it with PR_SET_PDEATHSIG so that even a
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from helpers.netns import SWITCH_ADDRESS, VirtualHost
+
 PACKAGES = {
     "munged": "munge",
     "slurmctld": "slurmctld",
@@ -31,7 +34,7 @@ TERMINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 
 _CONFIG = """\
 ClusterName=ddpkit-test
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({ctld_address})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
@@ -41,11 +44,11 @@ AuthInfo=socket={root}/run/munge.socket,cred_expire=5
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/run/slurmctld.pid
-SlurmdPidFile={root}/run/slurmd.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
@@ -58,7 +61,7 @@ ReturnToService=2
 KillWait=30
 # a tiny cluster can afford to look at its queue every second (defaults: 60 s and 30 s)
 SchedulerParameters=sched_interval=1,bf_interval=1
-{node_line} NodeAddr=127.0.0.1 State=UNKNOWN
+{node_lines}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """
 
@@ -74,7 +77,8 @@ class SlurmCluster:
 
     root: Path
     env: dict[str, str]
-    node: str
+    node: str  # the first node's name
+    hosts: list[VirtualHost] = field(default_factory=list)  # none: one node on loopback
     daemons: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def command(
@@ -135,6 +139,18 @@ class SlurmCluster:
             shutil.rmtree(self.root, ignore_errors=True)
         return left
 
+    def job_processes(self, settle_s: float = 30) -> list[str]:
+        """What still runs besides the daemons (job steps, tasks), once ``settle_s`` passed
+        without it ending."""
+        daemons = {daemon.pid for daemon in self.daemons}
+        deadline = time.monotonic() + settle_s
+        while True:
+            others = [_describe(p) for p in self.processes() if p not in daemons]
+            others = [o for o in others if "slurmscriptd" not in o]  # slurmctld's own helper
+            if not others or time.monotonic() > deadline:
+                return others
+            time.sleep(0.5)
+
     def processes(self) -> list[int]:
         """Pids of this cluster's daemons, stepds and job tasks (by config path in env/argv)."""
         mark = str(self.root).encode()
@@ -149,19 +165,24 @@ class SlurmCluster:
         return found
 
 
-def start_cluster() -> SlurmCluster:
-    """Write a config for this host and start munged, slurmctld and slurmd; waits until idle."""
+def start_cluster(hosts: list[VirtualHost] | None = None) -> SlurmCluster:
+    """Write a config and start munged, slurmctld and a slurmd on this host, or one on each of
+    ``hosts`` (jobs there see their host's name and address); waits until every node is idle."""
     # munged insists every folder above its socket is world-executable: /tmp/x, not pytest's 0700.
     root = Path(tempfile.mkdtemp(prefix="ddpkit-slurm-", dir="/tmp"))
     root.chmod(0o755)
+    hosts = hosts or []
     for sub in ("state", "spool", "log", "run", "munge"):
         (root / sub).mkdir()
+    for host in hosts or [None]:  # slurmd wants its spool folder made
+        (root / "spool" / (host.name if host else _node_name())).mkdir()
     (root / "munge").chmod(0o700)
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    cluster = SlurmCluster(root=root, env=_client_env(root), node=_node_name())
-    (root / "slurm.conf").write_text(_config(root, cluster.node))
+    first = hosts[0].name if hosts else _node_name()
+    cluster = SlurmCluster(root=root, env=_client_env(root, hosts), node=first, hosts=hosts)
+    (root / "slurm.conf").write_text(_config(cluster))
     try:
         _start_daemons(cluster)
         _wait_idle(cluster, timeout=60)
@@ -171,14 +192,18 @@ def start_cluster() -> SlurmCluster:
     return cluster
 
 
-def _config(root: Path, node: str) -> str:
+def _config(cluster: SlurmCluster) -> str:
     # slurmd -C reports this machine's real CPUs/sockets/memory, which slurmd checks against.
     described = subprocess.run(["slurmd", "-C"], capture_output=True, text=True, check=True)
-    node_line = described.stdout.splitlines()[0].split(" ", 1)[1]  # drop NodeName=<hostname>
+    hardware = described.stdout.splitlines()[0].split(" ", 1)[1]  # drop NodeName=<hostname>
     host = socket.gethostname().split(".")[0]
+    nodes = [f"NodeName={h.name} NodeAddr={h.address} NodeHostname={h.name} {hardware} "
+             "State=UNKNOWN" for h in cluster.hosts]  # fmt: skip
     return _CONFIG.format(
-        host=host, root=root, ctld_port=_free_port(), slurmd_port=_free_port(),
-        node_line=f"NodeName={node} NodeHostname={host} {node_line}",
+        host=host, root=cluster.root, ctld_port=_free_port(), slurmd_port=_free_port(),
+        ctld_address=SWITCH_ADDRESS if cluster.hosts else "127.0.0.1",
+        node_lines="\n".join(nodes) or f"NodeName={cluster.node} NodeHostname={host} "
+        f"{hardware} NodeAddr=127.0.0.1 State=UNKNOWN",
     )  # fmt: skip
 
 
@@ -192,11 +217,13 @@ def _node_name() -> str:
         return "localhost"
 
 
-def _client_env(root: Path) -> dict[str, str]:
+def _client_env(root: Path, hosts: list[VirtualHost]) -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)  # `ddpkit` and this python, as in an activated venv
     path = os.pathsep.join([venv_bin, os.environ.get("PATH", "/usr/bin:/bin")])
+    # sbatch passes the submitter's environment to the job: the hosts' interface is eth0.
+    interface = hosts[0].interface if hosts else os.environ.get("GLOO_SOCKET_IFNAME", "lo")
     return {**os.environ, "SLURM_CONF": str(root / "slurm.conf"), "PATH": path,
-            "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
+            "GLOO_SOCKET_IFNAME": interface}  # fmt: skip
 
 
 def _start_daemons(cluster: SlurmCluster) -> None:
@@ -208,7 +235,10 @@ def _start_daemons(cluster: SlurmCluster) -> None:
     _spawn(cluster, munge, "munged")
     _wait_for(lambda: socket_path.exists(), 15, "munged's socket", root / "log" / "munged.out")
     _spawn(cluster, ["slurmctld", "-D", "-i", "-f", conf], "slurmctld")
-    _spawn(cluster, ["slurmd", "-D", "-f", conf, "-N", cluster.node], "slurmd")
+    if not cluster.hosts:
+        _spawn(cluster, ["slurmd", "-D", "-f", conf, "-N", cluster.node], "slurmd")
+    for host in cluster.hosts:
+        _spawn(cluster, host.command("slurmd", "-D", "-f", conf, "-N", host.name), host.name)
 
 
 def _spawn(cluster: SlurmCluster, argv: list[str], name: str) -> None:
@@ -232,7 +262,8 @@ def _wait_idle(cluster: SlurmCluster, timeout: float) -> None:
         states = cluster.command("sinfo", "--noheader", "--format=%T").stdout.split()
         return states == ["idle"]
 
-    _wait_for(idle, timeout, "the node to be idle", cluster.root / "log" / "slurmd.log")
+    log = cluster.root / "log" / f"slurmd-{cluster.node}.log"
+    _wait_for(idle, timeout, "the nodes to be idle", log)
 
 
 def _wait_for(ready, timeout: float, what: str, log: Path) -> None:  # type: ignore[no-untyped-def]

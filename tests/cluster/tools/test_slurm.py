@@ -171,3 +171,33 @@ def test_more_cpus_than_the_node_has_is_refused_before_sbatch(
     time.sleep(2)
     info = cluster.job(job)
     assert (info["JobState"], info["Reason"]) == ("PENDING", "PartitionConfig")
+
+
+def test_two_nodes_train_as_one_and_resume_after_scancel(
+    two_node_slurm: SlurmCluster, tmp_path: Path, wine_reference: list[str]
+) -> None:
+    """`ddpkit slurm --nodes 2` on two slurmd hosts: the master is the node list's first host,
+    node ranks come from SLURM, and the job equals the same job on one node epoch by epoch;
+    cancelled, it leaves a checkpoint the same script, submitted again, resumes."""
+    cluster, checkpoints = two_node_slurm, tmp_path / "ck"
+    two_nodes = ["--nodes", "2", "--nproc-per-node", "1", "--cpus-per-task", "1"]
+    script = ddpkit_slurm(cluster, tmp_path, *two_nodes, *WINE, "--checkpoint-dir",
+                          str(checkpoints), "--save-every", "1")  # fmt: skip
+    info, out = run_job(cluster, script, tmp_path)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), out
+    assert info["NodeList"] == "dknode[1-2]"
+    assert "world size 2 (1 process per node x 2 nodes)" in out
+    assert "master dknode1:" in out  # the first host of SLURM_JOB_NODELIST
+    assert metric_lines(out) == wine_reference
+
+    long_run = ddpkit_slurm(cluster, tmp_path, *two_nodes, "examples/wine.py", "--epochs",
+                            "250", "--checkpoint-dir", str(tmp_path / "long"))  # fmt: skip
+    job, output = submit(cluster, long_run, tmp_path)
+    wait_for_line(output, "epoch 3/")
+    assert cluster.command("scancel", str(job)).returncode == 0  # SIGTERM to both nodes
+    assert cluster.wait(job, timeout=90)["JobState"] == "CANCELLED", output.read_text()
+    saved = Path(SAVED.findall(output.read_text())[-1])
+    info, again = run_job(cluster, long_run, tmp_path)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), again
+    assert f"ddpkit: resumed from {saved}" in again and "epoch 250/250" in again
+    assert cluster.job_processes() == []  # no task or step left running on either node

@@ -1,0 +1,96 @@
+"""Hosts for the tests: network namespaces on one virtual switch, each with its own address,
+interface ``eth0`` and host name (``/etc/netns/NS/hosts``, which ``ip netns exec`` mounts as
+``/etc/hosts``); this machine reaches them through the switch at ``10.250.8.1``.
+
+Nothing outside the namespaces is contacted. :func:`virtual_hosts` skips the test with the
+reason where namespaces cannot be made (not root, no iproute2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+SWITCH_ADDRESS = "10.250.8.1"
+
+
+@dataclass(frozen=True)
+class VirtualHost:
+    namespace: str
+    name: str  # its host name, known to every host's /etc/hosts
+    address: str
+    interface: str = "eth0"
+
+    def command(self, *argv: str) -> list[str]:
+        """``argv`` run on this host: its network, its host name, its /etc/hosts.
+
+        Not ``ip netns exec``, which also mounts a new /sys and so hides the cgroup file
+        systems slurmd needs: only the network is entered, and /etc/hosts is bind-mounted in
+        a private mount namespace.
+        """
+        hosts_file = f"/etc/netns/{self.namespace}/hosts"
+        script = f'mount --bind {hosts_file} /etc/hosts && hostname {self.name} && exec "$@"'
+        return ["nsenter", f"--net=/run/netns/{self.namespace}", "unshare", "--uts", "--mount",
+                "--", "sh", "-c", script, "sh", *argv]  # fmt: skip
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@contextlib.contextmanager
+def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHost]]:
+    """``count`` hosts named PREFIX1.., at 10.250.8.2.., removed (namespaces, switch, hosts
+    files) on exit."""
+    if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "nsenter", "unshare")):
+        pytest.skip("virtual hosts need root, iproute2 (ip) and util-linux (nsenter, unshare)")
+    tag = uuid.uuid4().hex[:5]
+    switch = f"dkbr{tag}"
+    hosts = [
+        VirtualHost(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"10.250.8.{i + 2}")
+        for i in range(count)
+    ]
+    try:
+        _make_switch(switch)
+    except subprocess.CalledProcessError as err:
+        pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
+    try:
+        for index, host in enumerate(hosts):
+            _plug(host, switch, f"dkv{tag}{index}", hosts)
+        yield hosts
+    finally:
+        for host in hosts:  # deleting a namespace deletes its end of the veth, and the pair
+            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{host.namespace}", ignore_errors=True)
+        subprocess.run(["ip", "link", "del", switch], capture_output=True)
+
+
+def _make_switch(switch: str) -> None:
+    ip("link", "add", switch, "type", "bridge")
+    ip("addr", "add", f"{SWITCH_ADDRESS}/24", "dev", switch)
+    ip("link", "set", switch, "up")
+
+
+def _plug(host: VirtualHost, switch: str, cable: str, everyone: list[VirtualHost]) -> None:
+    ip("netns", "add", host.namespace)
+    ip("link", "add", cable, "type", "veth", "peer", "name", f"{cable}p")
+    ip("link", "set", cable, "master", switch)
+    ip("link", "set", cable, "up")
+    ip("link", "set", f"{cable}p", "netns", host.namespace)
+    inside = ["-n", host.namespace]
+    ip(*inside, "link", "set", f"{cable}p", "name", host.interface)
+    ip(*inside, "addr", "add", f"{host.address}/24", "dev", host.interface)
+    ip(*inside, "link", "set", host.interface, "up")
+    ip(*inside, "link", "set", "lo", "up")
+    folder = Path("/etc/netns") / host.namespace
+    folder.mkdir(parents=True, exist_ok=True)
+    names = "".join(f"{other.address} {other.name}\n" for other in everyone)
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{SWITCH_ADDRESS} switch\n{names}")
