@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,12 @@ from typing import Any
 # --- exit codes -------------------------------------------------------------------------
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): checkpointed and stopped; run again
 HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long
+
+# What a rank that waited for a rank that left is told, by the launcher and the watchdog.
+SAME_CALLS_FIX = (
+    "every rank must make the same collective calls in the same order (evaluating or "
+    "saving on rank 0 only? an early return or one batch fewer on one rank?)"
+)
 
 # --- variables a launcher or a ddpkit command sets for its workers ----------------------
 LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifeline)
@@ -88,6 +95,18 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
         return
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
         Path(path).write_text(json.dumps(record))
+
+
+def failure_recorded() -> bool:
+    """Whether this process is ending in failure: it wrote its error file, or an exception
+    went uncaught (Python sets ``sys.last_value`` before the exit handlers run).
+
+    Example:
+        >>> failure_recorded()
+        False
+    """
+    path = os.environ.get(ERROR_FILE_ENV)
+    return bool(path and os.path.exists(path)) or hasattr(sys, "last_value")
 
 
 def error_exitcode(message: Any) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 import traceback
 from pathlib import Path
 from types import TracebackType
@@ -59,6 +60,29 @@ def waiting_call(exc: BaseException) -> str | None:
     inside = [f.name for f in frames[users[-1] + 1 :] if f.name not in _PLUMBING]
     name = inside[0] if inside else frames[users[-1] + 1].name
     return f"{name} ({caller.filename}:{caller.lineno})"
+
+
+def thread_stack(thread_id: int, frames_shown: int = 8) -> list[str]:
+    """A thread's Python stack: the caller's own last frames and the innermost one.
+
+    Frames inside torch and ddpkit are left out but for the innermost, so the user's line
+    that is waiting stays visible however deep the library call beneath it (the hang report
+    shows each rank's stack this way).
+
+    Example:
+        >>> import threading
+        >>> thread_stack(threading.get_ident())[0].startswith("File ")
+        True
+    """
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return []
+    frames = traceback.extract_stack(frame)
+    own = [f for f in frames if not is_hidden(f.filename)][-frames_shown:]
+    if frames and (not own or own[-1] is not frames[-1]):
+        own.append(frames[-1])
+    return [line for f in own for line in (f'File "{f.filename}", line {f.lineno}, in {f.name}',
+                                           f"  {f.line}") if line.strip()]  # fmt: skip
 
 
 def is_hidden(filename: str) -> bool:

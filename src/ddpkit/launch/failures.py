@@ -27,6 +27,7 @@ from ddpkit._core.protocol import (
     HANG_ANSWER,
     HANG_MARKER,
     PREEMPTED_MARKER,
+    SAME_CALLS_FIX,
     error_call,
     error_exitcode,
     error_headline,
@@ -54,10 +55,6 @@ _SIGNAL_HINTS = {
     "`dmesg | grep -i 'out of memory'` and the job's memory limit",
     -signal.SIGSEGV: "a crash in native code (a CUDA/NCCL driver mismatch, a bad extension)",
 }
-_SAME_CALLS = (
-    "every rank must make the same collective calls in the same order (evaluating or "
-    "saving on rank 0 only? an early return or one batch fewer on one rank?)"
-)
 
 
 @dataclass(frozen=True)
@@ -138,7 +135,7 @@ def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str |
         waited = f"waited in {cause.call}" if cause.call else "was in a collective call"
         return (
             f"rank {cause.rank} {waited} but {who} finished the script without calling "
-            f"it: {_SAME_CALLS}"
+            f"it: {SAME_CALLS_FIX}"
         )
     if same:
         ranks = _ranks_text(sorted([cause.rank, *(f.rank for f in same)]))

@@ -4,9 +4,11 @@ The watchdog (see :mod:`ddpkit.runtime.watchdog`) collects one state per rank th
 what it is doing, for how long, its *progress* (how many steps, phases and collectives it
 has entered: ranks running the same code agree on it at the same point) and its Python
 stack. Ranks whose progress is behind the furthest rank have not reached the call the others
-wait in: they are the missing ranks. Ranks that did not answer at all are frozen in native
-code or gone. When no rank is behind, either the ranks wait in *different* calls (a
-collective mismatch) or all wait in the same one, which then does not complete (network).
+wait in: they are the missing ranks. A rank that left the job normally said so on its way out
+(``"finished"``): it is missing too, and the mistake is the classic one, a collective only
+some ranks call. Ranks that did not answer at all are frozen in native code or gone. When
+no rank is behind, either the ranks wait in *different* calls (a collective mismatch) or all
+wait in the same one, which then does not complete (network).
 
 Example:
     >>> states = {
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit._core.protocol import HANG_MARKER
+from ddpkit._core.protocol import HANG_MARKER, SAME_CALLS_FIX
 from ddpkit._core.text import ranks_text
 
 State = dict[str, Any]
@@ -54,7 +56,7 @@ def compose_report(
     missing = missing_ranks(states, world_size)
     # Speak from a rank that waits for the others, whichever rank noticed first.
     waiting = min((rank for rank in states if rank not in missing), default=reporter)
-    lines = [_headline(states[waiting], waiting, timeout_s, missing)]
+    lines = [_headline(states[waiting], waiting, timeout_s, missing, finished_ranks(states))]
     lines.append(_diagnosis(states, missing, world_size))
     lines += _rank_lines(states, missing, world_size)
     return "\n".join(lines)
@@ -67,9 +69,21 @@ def missing_ranks(states: dict[int, State], world_size: int) -> list[int]:
         >>> missing_ranks({0: {"progress": 5}, 1: {"progress": 4}}, world_size=3)
         [1, 2]
     """
-    furthest = max(state["progress"] for state in states.values())
+    running = [state["progress"] for state in states.values() if not state.get("finished")]
+    furthest = max(running, default=0)
     behind = [rank for rank, state in states.items() if state["progress"] < furthest]
-    return sorted(behind + silent_ranks(states, world_size))
+    gone = [rank for rank in finished_ranks(states) if rank not in behind]
+    return sorted(behind + gone + silent_ranks(states, world_size))
+
+
+def finished_ranks(states: dict[int, State]) -> list[int]:
+    """Ranks that left the job normally (the script ended, or ``ddpkit.shutdown()``).
+
+    Example:
+        >>> finished_ranks({0: {"progress": 5}, 1: {"progress": 9, "finished": True}})
+        [1]
+    """
+    return sorted(rank for rank, state in states.items() if state.get("finished"))
 
 
 def silent_ranks(states: dict[int, State], world_size: int) -> list[int]:
@@ -89,16 +103,24 @@ def describe_activity(state: State) -> str:
         >>> describe_activity({"doing": None, "last": "barrier"})
         'in its own code (last ddpkit call: barrier)'
     """
+    if state.get("finished"):
+        return f"finished the script (last ddpkit call: {state.get('last') or 'none'})"
     if state.get("doing"):
         return f"{state['doing']} for {state.get('for_s', 0):.0f} s"
     return f"in its own code (last ddpkit call: {state.get('last') or 'none'})"
 
 
-def _headline(own: State, rank: int, timeout_s: float, missing: list[int]) -> str:
+def _headline(
+    own: State, rank: int, timeout_s: float, missing: list[int], finished: list[int]
+) -> str:
     text = (
         f"{HANG_MARKER}rank {rank} waited {own.get('for_s', 0):.0f} s in {own.get('doing')} "
         f"(hang timeout {timeout_s:.0f} s)"
     )
+    if finished:
+        return f"{text} but {_ranks(finished)} finished the script without calling it: " + (
+            SAME_CALLS_FIX
+        )
     if missing:
         verb = "has" if len(missing) == 1 else "have"
         text += f"; {_ranks(missing)} {verb} not reached it"
@@ -106,6 +128,13 @@ def _headline(own: State, rank: int, timeout_s: float, missing: list[int]) -> st
 
 
 def _diagnosis(states: dict[int, State], missing: list[int], world_size: int) -> str:
+    finished = finished_ranks(states)
+    if finished:
+        return (
+            f"{_ranks(finished)} left the job normally (the script ended, or called "
+            "ddpkit.shutdown()) while this call waited for them; look for a collective, a "
+            "barrier or a save that only some ranks reach"
+        )
     silent = silent_ranks(states, world_size)
     if silent:
         return (

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ddpkit._core import log
+from ddpkit._core.protocol import failure_recorded
 from ddpkit._core.text import first_line
 from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import Backend, World
@@ -109,7 +110,7 @@ def shutdown() -> None:
         >>> ddpkit.shutdown()
     """
     global _current
-    stop_watchdog()
+    stop_watchdog(finished=not failure_recorded())
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _current = None

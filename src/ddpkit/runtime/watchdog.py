@@ -27,21 +27,19 @@ import faulthandler
 import json
 import os
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import torch
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV
 from ddpkit._core.system import flush_and_exit
+from ddpkit._core.tracefold import thread_stack
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.hangreport import State, compose_report, describe_activity
@@ -49,11 +47,6 @@ from ddpkit.runtime.hangreport import State, compose_report, describe_activity
 DEFAULT_HANG_TIMEOUT_S = 600.0
 _STORE_OP_TIMEOUT_S = 5.0  # a store that does not answer must not freeze the watchdog too
 _BACKSTOP_MARGIN_S = 30.0
-_STACK_FRAMES = 8
-# With the separator: torch's folder is a prefix of torchvision's too.
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(path) + os.sep for path in (torch.__file__, os.path.dirname(__file__))
-)
 _ALARM, _REPORTER, _REPORTED = "alarm", "reporter", "reported"
 _STDERR_FD = 2  # the process's own stderr, which the launcher captures; not pytest's proxy
 
@@ -135,11 +128,18 @@ class Watchdog:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        """Stop the thread and faulthandler's timer (the job is leaving normally)."""
+    def stop(self, finished: bool = False) -> None:
+        """Stop the thread and faulthandler's timer (the job is leaving normally).
+
+        ``finished``: this rank is done with the job (the script ended, or it left the
+        process group) and says so in the store, so that a rank left waiting in a collective
+        this one never called is told why in its hang report.
+        """
         self._stopped.set()
         if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
             self._thread.join(timeout=self.poll_s + _STORE_OP_TIMEOUT_S)
+        if finished:
+            self._say_finished()
         # After the join: a poll under way could otherwise arm the timer again, and it would
         # end this process long after the job left.
         if self._backstop_armed:  # leave a timer the user armed alone
@@ -195,6 +195,14 @@ class Watchdog:
         deadline = timedelta(seconds=self.grace_s + 2 * self.poll_s)
         self._store_call(lambda s: s.wait([_REPORTED], deadline), default=None)
         self._leave()
+
+    def _say_finished(self) -> None:
+        state = {**self.state(), "finished": True, "stack": []}
+        try:  # quietly: a store whose host already left is no news at a normal exit
+            if self._store is not None:
+                self._store.set(f"state/{self.rank}", json.dumps(state))
+        except Exception as err:
+            logger.debug(f"hang watchdog: could not say this rank finished ({err})")
 
     def _publish(self) -> State:
         state = self.state()
@@ -252,15 +260,16 @@ def start_watchdog(
     return _active
 
 
-def stop_watchdog() -> None:
-    """Stop the running watchdog, if any (``ddpkit.shutdown`` calls this).
+def stop_watchdog(finished: bool = False) -> None:
+    """Stop the running watchdog, if any (``ddpkit.shutdown`` calls this); ``finished``:
+    this rank leaves the job normally (see :meth:`Watchdog.stop`).
 
     Example:
         >>> stop_watchdog()
     """
     global _active
     if _active is not None:
-        _active.stop()
+        _active.stop(finished)
         _active = None
 
 
@@ -313,37 +322,6 @@ def resolve_hang_timeout(value: float | None, environ: dict[str, str] | None = N
         source = "hang_timeout" if value is not None else HANG_TIMEOUT_ENV
         raise ConfigError(f"{source} must be a number of seconds >= 0 (0: off); got {raw!r}")
     return timeout
-
-
-def thread_stack(thread_id: int) -> list[str]:
-    """A thread's Python stack: the caller's own frames and the innermost one.
-
-    Frames inside torch and ddpkit are left out but for the innermost, so the user's line
-    that is waiting stays visible however deep the library call beneath it.
-
-    Example:
-        >>> thread_stack(threading.get_ident())[0].startswith("File ")
-        True
-    """
-    frame = sys._current_frames().get(thread_id)
-    if frame is None:
-        return []
-    frames = traceback.extract_stack(frame)
-    own = [f for f in frames if not is_library_file(f.filename)][-_STACK_FRAMES:]
-    if frames and (not own or own[-1] is not frames[-1]):
-        own.append(frames[-1])
-    return [line for f in own for line in (f'File "{f.filename}", line {f.lineno}, in {f.name}',
-                                           f"  {f.line}") if line.strip()]  # fmt: skip
-
-
-def is_library_file(filename: str) -> bool:
-    """Whether ``filename`` is torch's or ddpkit's own code (left out of hang-report stacks).
-
-    Example:
-        >>> is_library_file(torch.__file__), is_library_file("train.py")
-        (True, False)
-    """
-    return filename.startswith(_LIBRARY_DIRS)
 
 
 def _own_connection(store: Store | None) -> Store | None:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit._core.protocol import HANG_MARKER, PREEMPTED_EXIT_CODE, PREEMPTED_MARKER
+from ddpkit._core.protocol import (
+    HANG_MARKER,
+    PREEMPTED_EXIT_CODE,
+    PREEMPTED_MARKER,
+    failure_recorded,
+)
 from ddpkit.errors import PreemptedError
 from ddpkit.launch.failures import error_file_texts, preemption_message
 from ddpkit.runtime.errorfile import record_failure
@@ -38,3 +43,12 @@ def test_a_recorded_failure_reads_back_in_the_launcher(
 def test_the_launcher_recognizes_a_preemption_by_its_marker() -> None:
     assert preemption_message(PREEMPTED_MARKER + "stopped by SIGUSR1") == "stopped by SIGUSR1"
     assert preemption_message("ValueError: bad batch") is None
+
+
+def test_a_worker_that_wrote_its_error_file_is_ending_in_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    assert not failure_recorded()  # its watchdog will say it finished
+    record_failure("ValueError: x", "Traceback ...")
+    assert failure_recorded()

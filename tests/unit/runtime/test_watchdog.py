@@ -15,15 +15,14 @@ from torch._C._distributed_c10d import HashStore, PrefixStore
 import ddpkit
 import ddpkit.runtime.watchdog
 from ddpkit._core.protocol import HANG_EXIT_CODE
+from ddpkit._core.tracefold import is_hidden, thread_stack
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.hangreport import compose_report, missing_ranks
 from ddpkit.runtime.watchdog import (
     Watchdog,
     current_watchdog,
-    is_library_file,
     resolve_hang_timeout,
     start_watchdog,
-    thread_stack,
     watch,
 )
 
@@ -132,11 +131,11 @@ def test_watch_is_a_no_op_without_a_running_watchdog() -> None:
 
 def test_only_torch_and_ddpkit_files_are_library_frames() -> None:
     torch_dir = os.path.dirname(torch.__file__)
-    assert is_library_file(os.path.join(torch_dir, "nn", "modules", "module.py"))
-    assert is_library_file(ddpkit.runtime.watchdog.__file__)
+    assert is_hidden(os.path.join(torch_dir, "nn", "modules", "module.py"))
+    assert is_hidden(ddpkit.runtime.watchdog.__file__)
     # A sibling whose name starts with "torch" is the user's code, not torch's.
-    assert not is_library_file(torch_dir + "vision" + os.sep + "models" + os.sep + "resnet.py")
-    assert not is_library_file(os.path.dirname(os.path.dirname(ddpkit.__file__)) + "x/train.py")
+    assert not is_hidden(torch_dir + "vision" + os.sep + "models" + os.sep + "resnet.py")
+    assert not is_hidden(os.path.dirname(os.path.dirname(ddpkit.__file__)) + "x/train.py")
 
 
 @pytest.mark.parametrize("value", ["-1", "soon", "nan"])
@@ -199,3 +198,31 @@ def test_a_stopped_watchdog_never_leaves_faulthandlers_timer_armed(
     assert not armed
     dog.check_once()  # a poll that was already under way when stop() ran
     assert not armed
+
+
+def test_a_rank_that_finished_is_named_in_the_report_of_the_rank_left_waiting(capfd) -> None:
+    """NCCL's form of the classic mistake: rank 1 ended the script, rank 0 waits for ever in a
+    collective rank 1 never called; on its way out rank 1 said it finished."""
+    store = PrefixStore("hang/", HashStore())
+    finished = make_dog(store, rank=1, timeout=60)
+    for label in ("step 1", "step 2", "save"):  # further along than rank 0, and done
+        finished.end(finished.begin(label))
+    finished.stop(finished=True)
+    waiting = make_dog(store, rank=0)
+    waiting.begin("all_reduce_sum(float64[1]) at train.py:41")
+    time.sleep(0.1)
+    waiting.check_once()
+    assert waiting.exits == [HANG_EXIT_CODE]
+    err = capfd.readouterr().err
+    assert (
+        "hang: rank 0 waited 0 s in all_reduce_sum(float64[1]) at train.py:41 (hang timeout 0 s) "
+        "but rank 1 finished the script without calling it: every rank must make the same "
+        "collective calls in the same order" in err
+    )
+    assert "rank 1: finished the script (last ddpkit call: save)" in err
+
+
+def test_a_watchdog_stopped_without_finishing_says_nothing() -> None:
+    store = PrefixStore("hang/", HashStore())
+    make_dog(store, rank=1, timeout=60).stop()  # a failing rank's teardown, say
+    assert not store.check(["state/1"])
