@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import REFERENCE_WORLD_ENV
 from ddpkit._core.validate import check_choice, check_positive_int
+from ddpkit.data.stream import RankShard, StreamLoader
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.seeding import configured_seed, rank_seed
 from ddpkit.runtime.session import current_world
@@ -78,6 +79,12 @@ def prepare_loader(
     plan = batch_size if isinstance(batch_size, BatchPlan) else plan_batch(batch_size, batch_policy)
     _check_arguments(dataset, uneven, loader_kwargs)
     seed = seed if seed is not None else (configured_seed() or 0)
+    loader_kwargs.setdefault("pin_memory", world.device.type == "cuda")
+    loader_kwargs.setdefault(
+        "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
+    )
+    if isinstance(dataset, IterableDataset):
+        return _stream_loader(dataset, plan, uneven, loader_kwargs)
     shards = reference_world_size() or 1  # > 1 only in `ddpkit verify`'s reference run
     _check_enough_samples(len(cast(Sized, dataset)), shards if shards > 1 else world.world_size)
     sampler: Sampler[int] = (GlobalOrderSampler if shards > 1 else ResumableDistributedSampler)(
@@ -88,13 +95,26 @@ def prepare_loader(
         seed=seed,
         drop_last=uneven == "drop",
     )
-    loader_kwargs.setdefault("pin_memory", world.device.type == "cuda")
-    loader_kwargs.setdefault(
-        "generator", torch.Generator().manual_seed(rank_seed(seed, world.rank))
-    )
     batch = plan.per_device * shards
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, **loader_kwargs)
     loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
+    return loader
+
+
+def _stream_loader(
+    dataset: IterableDataset[Any], plan: BatchPlan, uneven: str, loader_kwargs: dict[str, Any]
+) -> DataLoader[Any]:
+    """This rank's share of a stream, ending each epoch at the same step on every rank."""
+    if reference_world_size():
+        raise ConfigError(
+            "ddpkit verify does not compare runs over an IterableDataset yet (its reference "
+            "process cannot read N ranks' shares in their order); verify with a map-style "
+            "dataset, or check the stream's training with `ddpkit run` directly"
+        )
+    world = current_world()
+    shard = RankShard(dataset, world.rank, world.world_size)
+    loader = StreamLoader(shard, uneven, batch_size=plan.per_device, **loader_kwargs)
+    loader.ddpkit_batch_plan = plan
     return loader
 
 
@@ -272,6 +292,9 @@ def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
         >>> loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))
         >>> set_epoch(loader, 3)     # a plain sampler has nothing to set: no-op
     """
+    if isinstance(loader, StreamLoader):  # a stream: its dataset reshuffles itself
+        loader.set_epoch(epoch)
+        return
     set_sampler_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
     if callable(set_sampler_epoch):
         set_sampler_epoch(epoch)
@@ -306,11 +329,6 @@ def _check_enough_samples(samples: int, ranks: int) -> None:
 
 
 def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]) -> None:
-    if isinstance(dataset, IterableDataset):
-        raise ConfigError(
-            "prepare_loader needs a map-style dataset (with __len__ and __getitem__) to shard "
-            "it across ranks; an IterableDataset must shard itself using ddpkit.current_world()"
-        )
     check_choice("uneven", uneven, UNEVEN)
     for taken in ("sampler", "batch_sampler"):
         if taken in loader_kwargs:
@@ -318,5 +336,5 @@ def _check_arguments(dataset: object, uneven: str, loader_kwargs: dict[str, Any]
                 f"prepare_loader sets the DataLoader's {taken} itself (it shards the data "
                 f"across ranks); drop {taken}= and use shuffle=True/False"
             )
-    if len(dataset) == 0:  # type: ignore[arg-type]
+    if not isinstance(dataset, IterableDataset) and len(dataset) == 0:  # type: ignore[arg-type]
         raise ConfigError("the dataset is empty: nothing to train on")

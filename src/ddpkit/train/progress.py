@@ -32,6 +32,7 @@ import torch
 
 from ddpkit.checkpoint.rngstate import restore_rng
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
+from ddpkit.data.stream import StreamLoader
 from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.metrics import MetricSums
@@ -145,6 +146,9 @@ def skip_batches(loader: Any, count: int) -> Iterator[Any]:
         >>> list(skip_batches([10, 20, 30], 2))
         [30]
     """
+    if isinstance(loader, StreamLoader):  # it skips them itself, keeping ranks in step
+        loader.start_at_batch(count)
+        return iter(loader)
     sampler = getattr(loader, "sampler", None)
     per_batch = getattr(loader, "batch_size", None)
     if isinstance(sampler, ResumableDistributedSampler) and per_batch:

@@ -41,6 +41,7 @@ from ddpkit._core.log import logger
 from ddpkit._core.validate import SchedulerInterval, check_positive_int, check_training_options
 from ddpkit.data.batches import batch_size_of, slice_batch, to_device
 from ddpkit.data.loader import real_samples_on_rank
+from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.group import ModelGroup
 from ddpkit.parallel.strategy import strategy_of
@@ -314,7 +315,10 @@ class Trainer(Updates):
         total = len(loader) if isinstance(loader, Sized) else None
         self._zero_grad()
         bar = progress_bar(batches, total, progress.batches, f"epoch {progress.epoch + 1}/{epochs}")
-        self._even = same_batch_count(self.model, total, self._guard.policy)
+        # A stream's loader keeps the ranks in step itself; other loaders are asked once.
+        self._even = isinstance(loader, StreamLoader) or same_batch_count(
+            self.model, total, self._guard.policy
+        )
         with join_unless(self._even, self.model), self._monitor.ending():
             for index, batch in enumerate(self._monitor.batches(bar), start=progress.batches):
                 final = (index + 1) % self.accumulate == 0 or index + 1 == total
