@@ -66,6 +66,7 @@ def parse_args() -> argparse.Namespace:
         "--save-every-steps", type=int, default=None, help="checkpoint every N optimizer steps"
     )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
+    parser.add_argument("--log-dir", default=None, help="TensorBoard event files and a CSV")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
@@ -96,6 +97,7 @@ def main() -> None:
         save_every_steps=args.save_every_steps,
         accumulate=args.accumulate,
         precision=args.precision,
+        log_dir=args.log_dir,
     )
     train = ddpkit.prepare_loader(train_set, plan, shuffle=True)
     test = ddpkit.prepare_loader(test_set, plan, shuffle=False)

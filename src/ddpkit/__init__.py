@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from ddpkit.runtime.session import current_world, init, shutdown
     from ddpkit.runtime.watchdog import watch
     from ddpkit.train.callbacks import Callback
+    from ddpkit.train.explog import ExperimentLog
     from ddpkit.train.loop import TrainLoop
     from ddpkit.train.trainer import Trainer
 
@@ -81,6 +82,7 @@ _LAZY = {
     "shutdown": "ddpkit.runtime.session",
     "watch": "ddpkit.runtime.watchdog",
     "Callback": "ddpkit.train.callbacks",
+    "ExperimentLog": "ddpkit.train.explog",
     "TrainLoop": "ddpkit.train.loop",
     "Trainer": "ddpkit.train.trainer",
 }
@@ -109,6 +111,7 @@ __all__ = [
     "CollectiveMismatchError",
     "ConfigError",
     "DdpkitError",
+    "ExperimentLog",
     "NotInitializedError",
     "RendezvousError",
     "ReplicaDivergenceError",

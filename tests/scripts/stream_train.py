@@ -65,6 +65,10 @@ model = ddpkit.prepare_model(torch.nn.Linear(4, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 loader = ddpkit.prepare_loader(ShardedStream(), batch_size=4, num_workers=2)
 trainer = RecordingTrainer(
-    model, optimizer, checkpoint_dir=str(folder / "ckpt"), save_every_steps=3
+    model,
+    optimizer,
+    checkpoint_dir=str(folder / "ckpt"),
+    save_every_steps=3,
+    log_dir=str(folder / "logs"),
 )
 trainer.fit(loader, epochs=3)

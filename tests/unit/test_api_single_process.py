@@ -65,14 +65,13 @@ def test_loader_refuses_a_sampler_of_its_own() -> None:
         ddpkit.prepare_loader(TensorDataset(torch.zeros(4)), batch_size=2, sampler=[0, 1])
 
 
-def test_loader_refuses_iterable_datasets() -> None:
+def test_loader_takes_iterable_datasets() -> None:
     class Stream(IterableDataset):  # type: ignore[type-arg]
         def __iter__(self):  # type: ignore[no-untyped-def]
             return iter(range(3))
 
     ddpkit.init()
-    with pytest.raises(ConfigError, match="map-style dataset"):
-        ddpkit.prepare_loader(Stream(), batch_size=2)
+    assert [b.tolist() for b in ddpkit.prepare_loader(Stream(), batch_size=2)] == [[0, 1], [2]]
 
 
 def test_save_every_without_a_folder_is_refused() -> None:

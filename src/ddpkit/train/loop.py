@@ -53,7 +53,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
@@ -67,6 +67,7 @@ from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.callbacks import Callbacks
+from ddpkit.train.explog import ExperimentLogger
 from ddpkit.train.guards import NonFiniteLoss, StepGuard
 from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.precision import MixedPrecision
@@ -99,6 +100,7 @@ class TrainLoop(Updates):
         keep_last: int | None = 3,
         nonfinite_loss: NonFiniteLoss = "error",
         check_replicas_every: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         checkpoints = Checkpointer.configured(
             checkpoint_dir, save_every, save_every_steps, keep_last
@@ -109,7 +111,8 @@ class TrainLoop(Updates):
         self.model = next(iter(models.values())) if len(models) == 1 else ModelGroup(models)
         self.strategy = strategy_of(self.model)
         self.precision = MixedPrecision("fp32", self.world.device)
-        self.callbacks = Callbacks()
+        self._logger = ExperimentLogger(log_dir) if log_dir is not None else None
+        self.callbacks = Callbacks([self._logger] if self._logger else [])  # flushes at saves
         self.checkpoints = checkpoints
         self._user_state = state
         self._guard = StepGuard(nonfinite_loss, exchange_stops=checkpoints is not None)
@@ -128,6 +131,7 @@ class TrainLoop(Updates):
         """
         check_positive_int("epochs", epochs)
         self._progress = self.checkpoints.resume(self, None) if self.checkpoints else None
+        self.callbacks.call("on_fit_start", self)  # the experiment log continues from here
         self._started = False  # the watchers hear of the start with the first loader
         seed = configured_seed()
         if seed is not None:  # as the Trainer does; a resumed epoch restores its own
@@ -139,6 +143,21 @@ class TrainLoop(Updates):
                 self._end_epoch(epoch, epochs)
         self._epoch_running = None
         self._monitor.fit_finished(self.model, self.step)
+        self.callbacks.call("on_fit_end", self)
+
+    def log(self, metrics: Mapping[str, Any]) -> None:
+        """Log ``metrics`` (numbers or one-element tensors) at the current step to the
+        ``log_dir`` given (TensorBoard and CSV, rank 0 only; a resumed run continues the
+        curves). Without a ``log_dir``, a ConfigError.
+
+        Example::
+
+            loop.log({"train/loss": loss, "train/lr": opt.param_groups[0]["lr"]})
+        """
+        if self._logger is None:
+            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=...) to write to")
+        if self._logger.log is not None:  # the step just taken counts before its boundary
+            self._logger.log.log(metrics, self.step + int(self._stepped))
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """This epoch's batches of ``loader``, on the rank's device; a resumed epoch starts

@@ -50,6 +50,7 @@ from ddpkit.runtime.reporting import report
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.callbacks import Callback, Callbacks
+from ddpkit.train.explog import experiment_log
 from ddpkit.train.guards import NonFiniteLoss, StepGuard
 from ddpkit.train.metrics import MetricSums, format_epoch
 from ddpkit.train.monitor import StepMonitor, backward_label
@@ -104,8 +105,9 @@ class Trainer(Updates):
     GPU) or ``"fp16"`` (autocast + loss scaling, GPU). Schedulers are stepped after every
     optimizer step (``scheduler_interval="step"``) or every epoch (``"epoch"``).
     ``check_replicas_every=M`` compares the DDP replicas across ranks every M steps (see
-    :mod:`ddpkit.parallel.replicas`). ``log_every=N`` prints a line every N steps. Each batch
-    is watched by the hang watchdog (``ddpkit.init(hang_timeout=...)``).
+    :mod:`ddpkit.parallel.replicas`). ``log_every=N`` prints a line every N steps;
+    ``log_dir`` writes TensorBoard event files and a CSV from rank 0 (:mod:`ddpkit.train.explog`).
+    Each batch is watched by the hang watchdog (``ddpkit.init(hang_timeout=...)``).
 
     Example:
         >>> import torch, torch.nn.functional as F, ddpkit
@@ -140,6 +142,7 @@ class Trainer(Updates):
         check_replicas_every: int | None = None,
         nonfinite_loss: NonFiniteLoss = "error",
         log_every: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         checkpoints = Checkpointer.configured(
             checkpoint_dir, save_every, save_every_steps, keep_last
@@ -155,7 +158,7 @@ class Trainer(Updates):
         self._validation_fn = validation_step
         self._check_step_given()
         self.checkpoints = checkpoints
-        self.callbacks = Callbacks(callbacks)
+        self.callbacks = Callbacks([*callbacks, *experiment_log(log_dir)])
         self.accumulate = accumulate
         self.clip_grad_norm = clip_grad_norm
         self.strategy = strategy_of(self.model)  # what the loop, resume and checks ask of it
@@ -324,13 +327,13 @@ class Trainer(Updates):
                 final = (index + 1) % self.accumulate == 0 or index + 1 == total
                 result = self._train_batch(batch, index, total, final)
                 progress.sums.add(result.metrics, result.samples)
-                self.callbacks.call("on_train_batch_end", self, batch, result.metrics)
                 if final:
                     stop = self._finish_step()
                     progress.batches = index + 1
                     self._log.step_done(self.step, progress, epochs, total, result.metrics, bar)
-                    if self.checkpoints is not None:
-                        self.checkpoints.step_done(self, progress, stop, last=index + 1 == total)
+                self.callbacks.call("on_train_batch_end", self, batch, result.metrics)
+                if final and self.checkpoints is not None:  # after the hooks: they saw the step
+                    self.checkpoints.step_done(self, progress, stop, last=index + 1 == total)
         self._step_schedulers("epoch")
         return {**progress.sums.reduce(), "time_s": progress.elapsed_s}
 

@@ -4,6 +4,7 @@ short rank's repeats aside), and a kill -9 mid-epoch resumes to the same final p
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,29 @@ def test_a_kill_9_mid_epoch_resumes_to_the_same_final_parameters(
     before = [batches_seen(uninterrupted[0], rank) for rank in (0, 1)]
     for rank in (0, 1):
         assert again[rank][1] == before[rank][1][18 - STEPS_PER_EPOCH :]
+
+
+def test_the_logs_have_one_point_per_step_across_the_restart(
+    uninterrupted: tuple[Path, str], tmp_path: Path
+) -> None:
+    """TensorBoard's own reader and the CSV: steps 1..39 once each, the killed run's curve
+    equal to the uninterrupted one's (the points after its last checkpoint were purged)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = tmp_path / "killed"
+    train(folder, "--max-restarts", "1", kill_at=20)
+    curves = []
+    for run in (uninterrupted[0], folder):
+        events = EventAccumulator(str(run / "logs"))
+        events.Reload()
+        points = events.Scalars("train/loss")
+        assert [p.step for p in points] == list(range(1, EPOCHS * STEPS_PER_EPOCH + 1))
+        losses = [p.value for p in points]
+        assert [p.step for p in events.Scalars("epoch/loss")] == [13, 26, 39]
+        rows = list(csv.DictReader((run / "logs" / "metrics.csv").open()))
+        in_csv = [r for r in rows if r["tag"] == "train/loss"]
+        assert [int(r["step"]) for r in in_csv] == [p.step for p in points]  # the same points
+        assert [float(r["value"]) for r in in_csv] == pytest.approx(losses, rel=1e-6)
+        curves.append(losses)
+    assert curves[0] == pytest.approx(curves[1], abs=1e-6)
+    assert len(list((folder / "logs").glob("events.out.tfevents.*"))) == 2  # one per attempt
