@@ -53,6 +53,7 @@ from ddpkit.errors import (
     StoppedBySignalError,
 )
 from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
+from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
@@ -72,8 +73,10 @@ def spawn(
     group. Across machines, call it on every node with the same ``nnodes`` and ``master``
     ("ADDR:PORT" of node 0) and this node's ``node_rank``; ranks follow the tutorials'
     ``global_rank = node_rank * nprocs + local_rank``. ``fn`` and ``args`` must be picklable
-    (a module-level function). If a worker raises, :class:`WorkerFailedError` carries its
-    rank and traceback, and the other workers are stopped.
+    (a module-level function); one typed into a notebook or ``python -i`` works too, its
+    workers forked (:mod:`ddpkit.launch.interactive`). If a worker raises,
+    :class:`WorkerFailedError` carries its rank and traceback, and the other workers are
+    stopped.
 
     Example::
 
@@ -85,6 +88,7 @@ def spawn(
         nnodes=str(nnodes),
         node_rank=node_rank if nnodes > 1 or master else None,
         master=master,
+        start_method=start_method_for(fn),  # fork for a function typed into a notebook
     )
     _check_picklable(fn, args)
     with _launch_scope(worker_env_defaults(plan)) as log_dir:
