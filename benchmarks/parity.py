@@ -13,6 +13,8 @@ about 1.6M parameters. For each, the same model, data, batch and SGD run as
   returning the loss): what a custom step costs against the default classifier step;
 - ``ddpkit loop``: a hand-written loop through ``ddpkit.TrainLoop`` (backward and
   optimizer_step marked, no checkpoints), against the tutorials' loop it replaces;
+- ``ddpkit compiled``: ``prepare_model(model, compile=True)`` (inductor; compiling happens
+  in the first epoch, which is not timed), against ``ddpkit`` eager;
 - ``ddpkit tuned`` (MLP only): the same with comm_hook="bf16" and a larger gradient bucket;
 - ``accelerate``: HF Accelerate's loop, when it is installed (``pip install -e ".[peers]"``).
 
@@ -196,6 +198,8 @@ def variants(workload: str) -> dict[str, Any]:
         "ddpkit": lambda cfg: ddpkit_run(cfg, {}),
         "ddpkit step": lambda cfg: ddpkit_run(cfg, {}, "step"),
         "ddpkit loop": lambda cfg: ddpkit_run(cfg, {}, "loop"),
+        # torch.compile after DDP; compiling happens in the first, untimed epoch
+        "ddpkit compiled": lambda cfg: ddpkit_run(cfg, {"compile": True}),
     }
     if workload == "mlp":
         tuned = {"comm_hook": "bf16", "bucket_cap_mb": 50}

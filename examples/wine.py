@@ -61,6 +61,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--strategy", choices=["ddp", "fsdp", "dp", "none"], default="ddp")
     parser.add_argument("--comm-hook", choices=["fp16", "bf16", "powersgd"], default=None)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--save-every", type=int, default=None, help="checkpoint every N epochs")
     parser.add_argument(
         "--save-every-steps", type=int, default=None, help="checkpoint every N optimizer steps"
@@ -79,7 +80,9 @@ def main() -> None:
     args = parse_args()
     ddpkit.init(seed=args.seed)  # the same model on every rank; DDP/FSDP broadcast it too
     train_set, test_set = load_data()
-    model = ddpkit.prepare_model(make_model(), args.strategy, **hook_option(args))
+    model = ddpkit.prepare_model(
+        make_model(), args.strategy, compile=args.compile, **hook_option(args)
+    )
     plan = ddpkit.plan_batch(
         args.batch_size,
         args.batch_policy,

@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from ddpkit.parallel.compiled import uncompiled
+
 if TYPE_CHECKING:
     from ddpkit.env.world import World
 
@@ -65,8 +67,9 @@ class Strategy(ABC):
         return self.checkpoint_kind == "sharded"
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's own module inside the wrapper (its state_dict has no prefix)."""
-        return model
+        """The user's own module inside the wrapper (its state_dict has no prefix), looking
+        through ``torch.compile``'s wrapper too."""
+        return uncompiled(model)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """A context in which ``backward()`` keeps gradients local (accumulation)."""
@@ -97,6 +100,7 @@ class ModuleWrapperStrategy(Strategy):
         return isinstance(model, self.wrapper)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
+        model = uncompiled(model)
         inner = model.module if self.owns(model) else model
         assert isinstance(inner, nn.Module)
-        return inner
+        return uncompiled(inner)

@@ -26,6 +26,7 @@ from torch import nn
 
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy
+from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.strategy import strategy_of
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ class GroupStrategy(Strategy):
         return isinstance(model, ModelGroup)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        return nn.ModuleDict({name: self.member.unwrap(m) for name, m in _members(model)})
+        members = _members(uncompiled(model))
+        return nn.ModuleDict({name: self.member.unwrap(m) for name, m in members})
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         stack = contextlib.ExitStack()

@@ -35,6 +35,7 @@ from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook
+from ddpkit.parallel.compiled import compile_request, compiled, uncompiled
 from ddpkit.runtime.observers import observers
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.watchdog import watch
@@ -56,6 +57,7 @@ def prepare_model(
     sync_batchnorm: bool = False,
     comm_hook: CommHook | None = None,
     fsdp_units: Sequence[type[nn.Module]] = (),
+    compile: bool | dict[str, Any] = False,
     **ddp_options: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for data-parallel training.
@@ -67,7 +69,10 @@ def prepare_model(
     gradient traffic (``"fp16"``, ``"bf16"``, ``"powersgd"``; see :mod:`ddpkit.parallel.commhooks`).
     ``fsdp_units`` are the module classes FSDP shards as separate units. ``sync_batchnorm=True``
     converts BatchNorm layers to SyncBatchNorm, so statistics are computed over the global
-    batch (in a world of one there is nothing to synchronize). Call ``ddpkit.init()`` first.
+    batch (in a world of one there is nothing to synchronize). ``compile=True`` (or a dict of
+    ``torch.compile`` options) compiles the wrapped model, the order DDP and FSDP need (see
+    :mod:`ddpkit.parallel.compiled`); a model compiled beforehand is compiled again that way.
+    Call ``ddpkit.init()`` first.
 
     Example:
         >>> import torch, ddpkit
@@ -84,12 +89,14 @@ def prepare_model(
     world = current_world()
     # Wrapping runs collectives (DDP checks the parameters' shapes and broadcasts rank 0's
     # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
+    model, compile_options = compile_request(model, compile)
     with watch(f"prepare_model(strategy={strategy!r})"):
         for observer in observers():  # before wrapping evens the ranks' weights out
             observer.model_built(model)
         if sync_batchnorm:
             model = _convert_sync_batchnorm(model, world)
-        return descriptor.wrap(model, world, options)
+        wrapped = descriptor.wrap(model, world, options)
+    return compiled(wrapped, compile_options)
 
 
 def get_strategy(name: str) -> Strategy:
@@ -113,6 +120,7 @@ def strategy_of(model: nn.Module) -> Strategy:
         >>> strategy_of(nn.Linear(2, 2)).name
         'none'
     """
+    model = uncompiled(model)  # torch.compile's wrapper is around the strategy's
     own = getattr(model, "ddpkit_strategy", None)  # a container that answers for itself
     if isinstance(own, Strategy):
         return own
@@ -128,6 +136,7 @@ def unwrap_model(model: nn.Module) -> nn.Module:
         >>> unwrap_model(nn.Linear(2, 2)).in_features
         2
     """
+    model = uncompiled(model)
     return strategy_of(model).unwrap(model)
 
 

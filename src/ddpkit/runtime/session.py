@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import gc
 from datetime import timedelta
 
 import torch
@@ -113,6 +114,11 @@ def shutdown() -> None:
     stop_watchdog(finished=not failure_recorded())
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # DDP's reducer keeps the gloo group (and its last works' tensors) alive through
+        # reference cycles; freed during interpreter finalization, gloo's threads would drop
+        # those tensors without the GIL and abort the process ("terminate called without an
+        # active exception", exit 134). Free them now, while the interpreter is whole.
+        gc.collect()
     _current = None
     log.set_rank(None)
     forget_seed()
