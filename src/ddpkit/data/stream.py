@@ -107,8 +107,15 @@ class StreamLoader(DataLoader[Any]):
         return _EvenSteps(super().__iter__(), self.uneven, skip, self.epoch)
 
 
+_END = object()  # the epoch is over, on every rank
+
+
 class _EvenSteps:
-    """This rank's batches, padded or cut so that every rank yields as many."""
+    """This rank's batches, padded or cut so that every rank yields as many.
+
+    Each step is decided one step ahead, so :attr:`last` tells the caller that the batch it
+    just received is the epoch's last (an accumulation group or a checkpoint ends there).
+    """
 
     def __init__(self, batches: Iterator[Any], uneven: str, skip: int, epoch: int) -> None:
         self.batches, self.uneven, self.epoch = batches, uneven, epoch
@@ -116,21 +123,38 @@ class _EvenSteps:
         self.real = 0  # batches of this rank's own share yielded or skipped
         self.steps = 0
         self.exhausted = False
+        self._ahead: Any = None  # the next step's batch once decided, or _END
         for _ in range(skip):  # the steps a resumed epoch already took: no collective needed
             self._next_own()
             self.steps += 1
+        if skip:  # where the uninterrupted run stood: the next step decided before its RNG
+            self._ahead = self._decide()  # state was saved (every rank is here too)
+
+    @property
+    def last(self) -> bool:
+        """Whether the batch last returned is the epoch's last, on every rank."""
+        return self._ahead is _END
 
     def __iter__(self) -> _EvenSteps:
         return self
 
     def __next__(self) -> Any:
+        batch = self._decide() if self._ahead is None else self._ahead
+        if batch is _END:
+            self._ahead = _END
+            raise StopIteration
+        self._ahead = self._decide()
+        return batch
+
+    def _decide(self) -> Any:
+        """The next step's batch, or _END: one collective tells whether any rank has data."""
         own = self._next_own()
         # One collective for both questions: does any rank have a batch? has any run out?
         flags = all_reduce_max(torch.tensor([float(own is not None), float(own is None)]))
         anyone_has_data, someone_out = (flag > 0 for flag in flags.tolist())
         if not anyone_has_data or (self.uneven == "drop" and someone_out):
             self._say_how_it_ended()
-            raise StopIteration
+            return _END
         batch = own if own is not None else self._repeat()
         self.steps += 1
         return batch

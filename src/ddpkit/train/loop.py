@@ -179,7 +179,8 @@ class TrainLoop(Updates):
                 yield to_device(batch, self.world.device)
                 progress.batches = index + 1
                 if self._stepped:
-                    self._step_boundary(progress, last=index + 1 == total)
+                    last = index + 1 == total or getattr(iterator, "last", False)
+                    self._step_boundary(progress, last=last)
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """What a checkpoint holds (see the Trainer's); your plain values are read now."""

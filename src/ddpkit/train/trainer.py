@@ -324,7 +324,9 @@ class Trainer(Updates):
         )
         with join_unless(self._even, self.model), self._monitor.ending():
             for index, batch in enumerate(self._monitor.batches(bar), start=progress.batches):
-                final = (index + 1) % self.accumulate == 0 or index + 1 == total
+                # A stream has no total; its loader tells, one step ahead, when it ends.
+                last = index + 1 == total or getattr(batches, "last", False)
+                final = (index + 1) % self.accumulate == 0 or last
                 result = self._train_batch(batch, index, total, final)
                 progress.sums.add(result.metrics, result.samples)
                 if final:
@@ -333,7 +335,7 @@ class Trainer(Updates):
                     self._log.step_done(self.step, progress, epochs, total, result.metrics, bar)
                 self.callbacks.call("on_train_batch_end", self, batch, result.metrics)
                 if final and self.checkpoints is not None:  # after the hooks: they saw the step
-                    self.checkpoints.step_done(self, progress, stop, last=index + 1 == total)
+                    self.checkpoints.step_done(self, progress, stop, last=last)
         self._step_schedulers("epoch")
         return {**progress.sums.reduce(), "time_s": progress.elapsed_s}
 

@@ -85,3 +85,22 @@ def test_the_epoch_reaches_the_dataset() -> None:
         assert seen == [4] and torch.is_tensor(next(iter(loader)))
     finally:
         ddpkit.shutdown()
+
+
+def test_accumulation_ends_with_the_streams_last_batch() -> None:
+    """A stream has no length; its loader says one step ahead which batch is the last, so
+    the last accumulation group is stepped, not carried into the next epoch."""
+    import torch.nn.functional as F
+
+    ddpkit.init(seed=0)
+    try:
+        model = ddpkit.prepare_model(torch.nn.Linear(1, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = lambda batch: F.mse_loss(model(batch), batch)  # noqa: E731
+        trainer = ddpkit.Trainer(model, opt, accumulate=2, training_step=step)
+        as_column = lambda items: torch.tensor([items], dtype=torch.float32).T  # noqa: E731
+        loader = ddpkit.prepare_loader(Shards([5]), batch_size=1, collate_fn=as_column)
+        trainer.fit(loader, epochs=2)
+        assert trainer.step == 6  # 5 batches: groups of 2, 2 and 1, each epoch
+    finally:
+        ddpkit.shutdown()
