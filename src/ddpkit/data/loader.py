@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import REFERENCE_WORLD_ENV
 from ddpkit._core.validate import check_choice, check_positive_int
-from ddpkit.data.stream import RankShard, StreamLoader
+from ddpkit.data.stream import StreamLoader, rank_share
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.seeding import configured_seed, rank_seed
 from ddpkit.runtime.session import current_world
@@ -112,8 +112,8 @@ def _stream_loader(
             "dataset, or check the stream's training with `ddpkit run` directly"
         )
     world = current_world()
-    shard = RankShard(dataset, world.rank, world.world_size)
-    loader = StreamLoader(shard, uneven, batch_size=plan.per_device, **loader_kwargs)
+    share = rank_share(dataset, world.rank, world.world_size)
+    loader = StreamLoader(share, uneven, batch_size=plan.per_device, **loader_kwargs)
     loader.ddpkit_batch_plan = plan
     return loader
 

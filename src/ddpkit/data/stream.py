@@ -4,8 +4,10 @@ A stream has no length and no index, so a sampler cannot shard it. :class:`RankS
 it instead, over ``world size x DataLoader workers`` splits: by the dataset's own shards when
 it has them (``dataset.shards()`` returning iterables, files say: each is opened by one
 process only, round-robin), else item by item (every process walks the stream and keeps its
-items). Shares can then differ by several batches, and the classic end-of-epoch hang follows
-(the ranks with more batches wait in a gradient all-reduce the others never join).
+items). A Hugging Face ``datasets.IterableDataset`` is split by its own
+``split_dataset_by_node`` instead (:func:`rank_share`). Shares can then differ by several
+batches, and the classic end-of-epoch hang follows (the ranks with more batches wait in a
+gradient all-reduce the others never join).
 :class:`StreamLoader` prevents it: before each batch the ranks agree (one small all-reduce)
 whether any of them still has data. The epoch ends when none has; until then a rank that ran
 out repeats its own first batches, as ``DistributedSampler`` pads a map-style dataset
@@ -73,8 +75,31 @@ class RankShard(IterableDataset[Any]):
             set_dataset_epoch(epoch)
 
 
+def rank_share(dataset: IterableDataset[Any], rank: int, world_size: int) -> IterableDataset[Any]:
+    """This rank's share of a stream: :class:`RankShard`, or the library's own split.
+
+    A Hugging Face ``datasets.IterableDataset`` splits itself over DataLoader workers in its
+    ``__iter__``; splitting it again over ``ranks x workers`` would silently drop items, so it
+    is split by node with its own ``split_dataset_by_node`` (whole shards when they divide by
+    the ranks, else every ``world_size``-th example) and left to split over workers itself.
+
+    Example:
+        >>> class Numbers(torch.utils.data.IterableDataset):
+        ...     def __iter__(self):
+        ...         return iter(range(5))
+        >>> list(rank_share(Numbers(), rank=1, world_size=2))
+        [1, 3]
+    """
+    if type(dataset).__module__.split(".")[0] == "datasets":
+        from datasets.distributed import split_dataset_by_node  # only where it is installed
+
+        return split_dataset_by_node(dataset, rank=rank, world_size=world_size)  # type: ignore[no-any-return]
+    return RankShard(dataset, rank, world_size)
+
+
 class StreamLoader(DataLoader[Any]):
-    """A DataLoader over a :class:`RankShard` whose ranks end each epoch at the same step.
+    """A DataLoader over a rank's share of a stream (:func:`rank_share`) whose ranks end each
+    epoch at the same step.
 
     It has no length (``len()`` is not defined, so the Trainer shows no total); iterating it
     takes one all-reduce per batch. ``start_at_batch(k)`` makes the next iteration skip the
@@ -82,12 +107,12 @@ class StreamLoader(DataLoader[Any]):
 
     Example::
 
-        loader = StreamLoader(RankShard(stream, rank, world), "pad", batch_size=32)
+        loader = StreamLoader(rank_share(stream, rank, world), "pad", batch_size=32)
     """
 
     __len__ = None  # type: ignore[assignment]  # a stream has none: not Sized
 
-    def __init__(self, dataset: RankShard, uneven: str, **loader_kwargs: Any) -> None:
+    def __init__(self, dataset: IterableDataset[Any], uneven: str, **loader_kwargs: Any) -> None:
         super().__init__(dataset, **loader_kwargs)
         self.uneven = uneven
         self.epoch = 0
@@ -96,7 +121,9 @@ class StreamLoader(DataLoader[Any]):
     def set_epoch(self, epoch: int) -> None:
         """The epoch that starts (passed on to the dataset)."""
         self.epoch = epoch
-        self.dataset.set_epoch(epoch)  # type: ignore[attr-defined]
+        set_dataset_epoch = getattr(self.dataset, "set_epoch", None)
+        if callable(set_dataset_epoch):
+            set_dataset_epoch(epoch)
 
     def start_at_batch(self, count: int) -> None:
         """Skip ``count`` steps at the start of the next iteration (a resumed epoch)."""
