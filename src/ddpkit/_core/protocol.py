@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,14 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
     path = os.environ.get(ERROR_FILE_ENV)
     if not path or (keep_existing and os.path.exists(path)):
         return
+    # Whole or not at all: the agent parses the file once the worker has exited, and a
+    # worker stopped between creating and filling it (the agent's SIGTERM lands in the
+    # middle, the stop handler exits at once) left it empty: torch's agent died parsing it.
+    # A temporary per writing thread, since the watchdog's thread writes here too.
+    temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
-        Path(path).write_text(json.dumps(record))
+        Path(temporary).write_text(json.dumps(record))
+        os.replace(temporary, path)
 
 
 def failure_recorded() -> bool:

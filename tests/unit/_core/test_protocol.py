@@ -11,7 +11,9 @@ from ddpkit._core.protocol import (
     HANG_MARKER,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
+    error_record,
     failure_recorded,
+    write_error_file,
 )
 from ddpkit.errors import PreemptedError
 from ddpkit.launch.failures import error_file_texts, preemption_message
@@ -52,3 +54,28 @@ def test_a_worker_that_wrote_its_error_file_is_ending_in_failure(
     assert not failure_recorded()  # its watchdog will say it finished
     record_failure("ValueError: x", "Traceback ...")
     assert failure_recorded()
+
+
+class _StoppedMidWrite(BaseException):
+    """What a worker's stop handler does halfway through a write: it never comes back."""
+
+
+def test_a_worker_stopped_while_writing_never_leaves_an_empty_error_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's agent parses the file once the worker has exited; an empty one killed the
+    agent with a JSONDecodeError (seen when SIGTERM landed between creating and filling it)."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    def created_then_stopped(self: Path, text: str) -> None:
+        self.touch()  # open() has created (or truncated) the file; nothing written yet
+        raise _StoppedMidWrite
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Path, "write_text", created_then_stopped)
+        with pytest.raises(_StoppedMidWrite):
+            write_error_file(error_record("ValueError: x", "details"))
+    assert not error_file.exists()  # no file is a failure without details; empty kills the agent
+    write_error_file(error_record("ValueError: y", "details"))  # the next writer, whole
+    assert json.loads(error_file.read_text())["message"]["message"] == "ValueError: y"
