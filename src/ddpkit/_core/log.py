@@ -8,10 +8,10 @@ so each rank says its own. A command's lines come from its own child logger
 command's results on stdout. Each record is written to the stream as it is at that moment
 and flushed, so launcher logs keep their order and pytest or doctest capture it.
 
-The standard library silences or redirects them::
+The standard library silences or redirects them, before or after ``ddpkit.init()``::
 
     logging.getLogger("ddpkit").setLevel(logging.WARNING)       # notices off, warnings kept
-    logging.getLogger("ddpkit").handlers = [logging.FileHandler("ddpkit.log")]
+    logging.getLogger("ddpkit").handlers = [logging.FileHandler("ddpkit.log")]  # not on screen
 
 Example:
     >>> logger.info("world size 1")
@@ -96,11 +96,15 @@ class _PrefixFormatter(logging.Formatter):
 
 
 def _install() -> None:
-    if any(isinstance(h, _ConsoleHandler) for h in logger.handlers):
-        return
-    logger.addHandler(_ConsoleHandler())
+    # On the logger, not only on our handler: a file handler of the user's gets rank 0's
+    # notices too, not every rank's.
+    if not any(isinstance(f, _RankZeroFilter) for f in logger.filters):
+        logger.addFilter(_RankZeroFilter())
     if logger.level == logging.NOTSET:  # a level the user set before importing us stays
         logger.setLevel(logging.INFO)
+    if logger.handlers:  # ours already, or the user's, set before ddpkit's first use: theirs
+        return  # stays alone (``import ddpkit`` is lazy: this runs at ``ddpkit.init()``)
+    logger.addHandler(_ConsoleHandler())
     logger.propagate = False  # a root handler the user configured would print it twice
 
 

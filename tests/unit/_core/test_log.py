@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +60,37 @@ def test_users_silence_notices_with_the_standard_library(
     log.logger.info("resumed from runs/x/epoch_000002.pt")
     log.command_logger("run").info("2 worker(s) on this node")
     assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("where", ["before_import", "after_import", "after_init"])
+def test_users_redirect_the_messages_to_a_file_instead_of_the_screen(
+    tmp_path: Path, where: str
+) -> None:
+    """As the README shows it, at any point of the script: ``import ddpkit`` is lazy, so the
+    logger is set up at ``init()``; a handler the user gave before then must not get ours
+    beside it (it did: the notices went to the file and to the screen)."""
+    to_file = 'logging.getLogger("ddpkit").handlers = [logging.FileHandler("ddpkit.log")]'
+    lines = ["import logging", "import ddpkit", "ddpkit.init()", "ddpkit.shutdown()"]
+    lines.insert({"before_import": 1, "after_import": 2, "after_init": 3}[where], to_file)
+    script = "\n".join(lines) + '\nimport ddpkit._core.log as log\nlog.logger.info("saved x")\n'
+    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    on_screen, in_file = done.stdout + done.stderr, (tmp_path / "ddpkit.log").read_text()
+    assert "saved x" in in_file and "saved x" not in on_screen
+    if where != "after_init":  # init's start line too
+        assert "world size 1" in in_file and "ddpkit:" not in on_screen
+
+
+def test_a_users_handler_gets_rank_zeros_notices_only(tmp_path: Path) -> None:
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    log.logger.addHandler(handler)
+    try:
+        log.set_rank(1)
+        log.logger.info("world size 2")
+        log.logger.warning("rank 1: skipping a damaged file", extra=log.EVERY_RANK)
+    finally:
+        log.logger.removeHandler(handler)
+    assert records == ["rank 1: skipping a damaged file"]
