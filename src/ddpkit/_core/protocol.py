@@ -55,6 +55,7 @@ STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SLURM/Kubernetes preemption; SLURM's --
 HANG_MARKER = "hang: "  # the watchdog's report, from the rank that noticed
 HANG_ANSWER = "hang reported by"  # a rank that answered another rank's report
 PREEMPTED_MARKER = "preempted: "  # a clean stop after a checkpoint (exit 75)
+FINISHED_MARKER = "finished: "  # the script returned; the exit handlers still ran
 
 
 def error_record(
@@ -105,15 +106,24 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
 
 
 def failure_recorded() -> bool:
-    """Whether this process is ending in failure: it wrote its error file, or an exception
-    went uncaught (Python sets ``sys.last_value`` before the exit handlers run).
+    """Whether this process is ending in failure: it wrote its error file (other than the
+    record that the script finished), or an exception went uncaught (Python sets
+    ``sys.last_value`` before the exit handlers run).
 
     Example:
         >>> failure_recorded()
         False
     """
     path = os.environ.get(ERROR_FILE_ENV)
-    return bool(path and os.path.exists(path)) or hasattr(sys, "last_value")
+    if hasattr(sys, "last_value"):
+        return True
+    if not path or not os.path.exists(path):
+        return False
+    try:  # a record that the script finished is no failure
+        headline = json.loads(Path(path).read_text())["message"]["message"]
+    except (OSError, TypeError, ValueError, KeyError):
+        return True  # a record it could not read: it failed
+    return not str(headline).startswith(FINISHED_MARKER)
 
 
 def error_exitcode(message: Any) -> int | None:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddpkit._core.protocol import (
+    FINISHED_MARKER,
     HANG_ANSWER,
     HANG_MARKER,
     PREEMPTED_MARKER,
@@ -80,6 +81,12 @@ class Failure:
         return self.exitcode == -signal.SIGTERM or self.text.startswith(PREEMPTED_MARKER)
 
     @property
+    def finished(self) -> bool:
+        """True when this worker had finished the script and failed while exiting (the
+        agent stopped it there because a peer failed, or the teardown crashed)."""
+        return self.text.startswith(FINISHED_MARKER)
+
+    @property
     def summary(self) -> str:
         """One line: the recorded headline, or the text's last line (the exception)."""
         lines = [line for line in self.text.splitlines() if line.strip()]
@@ -130,6 +137,8 @@ def root_cause(
 
 def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str | None:
     """The summary's first line where it can say more than "worker rank N failed"."""
+    if cause.finished:  # every failed rank had finished: the teardown failed
+        return f"rank {cause.rank} finished the script, then failed while exiting"
     if cause.is_echo and finished:
         who = _ranks_text(finished)
         waited = f"waited in {cause.call}" if cause.call else "was in a collective call"
@@ -145,6 +154,8 @@ def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str |
 
 def _what_happened(failure: Failure, cause: Failure) -> str:
     """One line for a rank that failed too, but is not the one to blame."""
+    if failure.finished:
+        return f"rank {failure.rank}: finished the script ({_how(failure.exitcode)} while exiting)"
     if failure.stopped:
         return f"rank {failure.rank}: stopped by the launcher after rank {cause.rank} failed"
     if failure.is_echo:  # torch's words for it are a paragraph ending in "GLHF!"
@@ -156,12 +167,12 @@ def _what_happened(failure: Failure, cause: Failure) -> str:
 def _finished_ranks(
     err: ChildFailedError, failures: list[Failure], local_world: int | None
 ) -> list[int]:
-    """This node's ranks that are not among the failed: they exited 0 before the failure
-    (the agent stops the ones still running with SIGTERM, and those are listed)."""
+    """This node's ranks that finished the script: those not among the failed (they exited 0
+    before the failure) and those the agent stopped while they were exiting."""
     if not local_world or not err.failures:
         return []
     first = next(rank - pf.local_rank for rank, pf in err.failures.items())
-    failed = {f.rank for f in failures}
+    failed = {f.rank for f in failures if not f.finished}
     return [rank for rank in range(first, first + local_world) if rank not in failed]
 
 
@@ -195,12 +206,13 @@ def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
     return [found[rank].text for rank in sorted(found)]
 
 
-def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, int, int]:
+def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, bool, int, int]:
     # A hang report names the rank at fault itself. When one worker dies the agent sends
     # SIGTERM to the others within the same second (timestamps are whole seconds), so a
     # worker stopped by a signal is the agent's doing unless nothing else failed.
     report = f.text.startswith(HANG_MARKER)
-    return (not report, f.is_echo, f.stopped, f.text == _NO_DETAIL, f.timestamp, f.rank)
+    return (not report, f.finished, f.is_echo, f.stopped, f.text == _NO_DETAIL, f.timestamp,
+            f.rank)  # fmt: skip
 
 
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
@@ -208,6 +220,10 @@ def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
     rank_offset = next((rank - pf.local_rank for rank, pf in err.failures.items()), 0)
     for local_rank, found in _read_error_files(log_dir).items():
         rank = local_rank + rank_offset
+        if found.text.startswith(FINISHED_MARKER):
+            if rank in reported:  # it finished, then failed while exiting: keep how it died
+                reported[rank] = replace(reported[rank], text=found.text)
+            continue  # not reported: it exited 0
         # A worker that recorded its error failed with it (exit code 1, or its sys.exit code),
         # even when the agent's SIGTERM reached it while it was still exiting.
         exitcode = reported[rank].exitcode if rank in reported else -1

@@ -26,6 +26,7 @@ import traceback
 from collections.abc import Mapping
 
 from ddpkit._core.protocol import (
+    FINISHED_MARKER,
     LAUNCHER_REPORTS_ENV,
     PREEMPTED_EXIT_CODE,
     PREEMPTED_MARKER,
@@ -108,6 +109,7 @@ def _run_as_main(args: list[str], module: bool) -> None:
     except BaseException as err:
         report_script_error(err)
         sys.exit(1)
+    record_finished()
 
 
 def report_script_error(err: BaseException) -> None:
@@ -128,9 +130,22 @@ def report_script_error(err: BaseException) -> None:
         print(details, file=sys.stderr, flush=True)
 
 
+def record_finished() -> None:
+    """Record that the script returned (or called ``sys.exit(0)``), before the exit handlers
+    tear the process group down: a worker the agent stops meanwhile, because a peer failed,
+    is then known to have finished, not blamed (the file is read only if it fails).
+
+    Example:
+        >>> record_finished()  # no launcher: no-op
+    """
+    headline = FINISHED_MARKER + "finished the script"
+    write_error_file(error_record(headline, headline), keep_existing=True)
+
+
 def _record_exit(stop: SystemExit) -> None:
     """Say where the script called sys.exit with a failing code; the launcher names it."""
     if stop.code in (None, 0):
+        record_finished()
         return
     frames = [f for f in traceback.extract_tb(stop.__traceback__) if not is_hidden(f.filename)]
     where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

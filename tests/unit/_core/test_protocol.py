@@ -17,6 +17,7 @@ from ddpkit._core.protocol import (
 )
 from ddpkit.errors import PreemptedError
 from ddpkit.launch.failures import error_file_texts, preemption_message
+from ddpkit.launch.worker import record_finished
 from ddpkit.runtime.errorfile import record_failure
 
 
@@ -79,3 +80,17 @@ def test_a_worker_stopped_while_writing_never_leaves_an_empty_error_file(
     assert not error_file.exists()  # no file is a failure without details; empty kills the agent
     write_error_file(error_record("ValueError: y", "details"))  # the next writer, whole
     assert json.loads(error_file.read_text())["message"]["message"] == "ValueError: y"
+
+
+def test_a_record_that_the_script_finished_is_no_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At exit the session asks whether the rank is failing (a finished rank tells its peers
+    in the store); the worker's 'finished' record must not make it say yes."""
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    record_finished()
+    assert error_file.exists() and not failure_recorded()
+    error_file.unlink()
+    write_error_file(error_record("ValueError: x", "details"))
+    assert failure_recorded()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddpkit._core.protocol import error_record
+from ddpkit._core.protocol import FINISHED_MARKER, error_record
 from ddpkit.launch.failures import is_echo, root_cause
 
 ECHO = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
@@ -135,3 +135,39 @@ def test_a_sys_exit_code_is_kept_when_torch_did_not_see_the_worker_exit(tmp_path
     # torch listed only rank 0: rank 1 was still in its atexit handlers at the agent's poll
     blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
     assert (blamed.rank, blamed.exitcode) == (1, 3) and said in blamed.detail
+
+
+FINISHED = FINISHED_MARKER + "finished the script"
+
+
+def test_a_rank_stopped_while_exiting_after_it_finished_is_not_blamed(tmp_path: Path) -> None:
+    """Under load the finished rank is still tearing down when its peer fails: the agent's
+    SIGTERM reaches it there. It was blamed ('killed by signal 15') 1 run in 2 under load."""
+    write_error_file(tmp_path, 0, ECHO, call="all_reduce_sum (train.py:55)")
+    file1 = write_error_file(tmp_path, 1, FINISHED)
+    err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, -15, str(file1))})
+    blamed = root_cause(err, tmp_path, local_world=2)
+    assert (blamed.rank, blamed.exitcode) == (0, 1)
+    assert str(blamed).startswith(
+        "rank 0 waited in all_reduce_sum (train.py:55) but rank 1 finished the script without "
+        "calling it"
+    )
+    assert blamed.detail.endswith(
+        "\nrank 1: finished the script (killed by signal 15 while exiting)"
+    )
+
+
+def test_a_finished_ranks_record_is_no_failure_when_it_exited_0(tmp_path: Path) -> None:
+    write_error_file(tmp_path, 0, "ValueError: bad batch on rank 0")
+    write_error_file(tmp_path, 1, FINISHED)  # torch lists only the failed rank 0
+    blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
+    assert (blamed.rank, blamed.exitcode) == (0, 1)
+    assert blamed.detail == "ValueError: bad batch on rank 0"
+
+
+def test_a_teardown_crash_after_the_script_finished_says_so(tmp_path: Path) -> None:
+    file1 = write_error_file(tmp_path, 1, FINISHED)
+    err = ChildFailedError("train", {1: failure(1, -6, str(file1))})
+    blamed = root_cause(err, tmp_path, local_world=2)
+    assert (blamed.rank, blamed.exitcode) == (1, -6)
+    assert str(blamed).startswith("rank 1 finished the script, then failed while exiting")
