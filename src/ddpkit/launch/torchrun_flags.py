@@ -27,6 +27,7 @@ import argparse
 import os
 from typing import Any
 
+from ddpkit._core.log import command_logger
 from ddpkit._core.torchversion import torch_at_least, torch_text
 from ddpkit.errors import ConfigError
 
@@ -136,8 +137,19 @@ def rendezvous_flags(args: argparse.Namespace) -> dict[str, Any]:
     dynamic = endpoint if backend != "static" else None  # with --master too: refused later
     one_node = str(args.nnodes).split(":")[0] == str(args.nnodes).split(":")[-1] == "1"
     if args.standalone or (one_node and _on_this_host(master or dynamic)):
+        if not args.standalone and (master or dynamic):
+            _say_the_endpoint_is_not_used(str(master or dynamic))
         return {"master": None, "rdzv_endpoint": None}
     return {"master": master, "rdzv_endpoint": dynamic}
+
+
+def _say_the_endpoint_is_not_used(endpoint: str) -> None:
+    # torchrun would listen there; ddpkit's one-node store picks a free loopback port, so
+    # two jobs on one node never collide. Said, since the workers' MASTER_PORT differs.
+    command_logger("run").info(
+        f"one node: {endpoint} is not used; the workers meet on ddpkit's loopback store, "
+        "at a port picked when it binds (the endpoint is used with --nnodes 2 or more)"
+    )
 
 
 def log_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -33,8 +33,14 @@ def test_underscore_and_dash_spellings_mean_the_same() -> None:
         ["--nnodes", "1:1"],
     ],
 )
-def test_one_node_rendezvous_forms_meet_on_ddpkits_loopback_store(argv: list[str]) -> None:
+def test_one_node_rendezvous_forms_meet_on_ddpkits_loopback_store(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     assert plan_for(*argv).mode == "local"
+    # An endpoint torchrun would listen on is not used here, and ddpkit run says so.
+    said = capsys.readouterr().err
+    named = any(arg.startswith(("--rdzv", "--master")) for arg in argv)
+    assert ("is not used; the workers meet on ddpkit's loopback store" in said) == named
 
 
 def test_a_remote_c10d_endpoint_is_a_dynamic_job_and_a_static_endpoint_a_master() -> None:
