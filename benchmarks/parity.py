@@ -30,6 +30,7 @@ the N-worker speedup over ``single`` (throughput ratio; N is the limit). Every w
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -119,8 +120,11 @@ def raw_worker(rank: int, cfg: dict[str, Any], result: str) -> None:
     if rank == 0:
         Path(result).write_text(json.dumps(seconds))
     # Free DDP before the group: if DDP's reducer holds the group's last reference, torch
-    # 2.13 destroys the gloo group under the GIL and can deadlock with its worker threads.
+    # 2.13 destroys the gloo group under the GIL and can deadlock with its worker threads
+    # (or abort: "terminate called without an active exception"). DDP sits in reference
+    # cycles, so `del` alone does not free it: collect them, as ddpkit.shutdown() does.
     del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
 
 
