@@ -120,10 +120,10 @@ def failure_recorded() -> bool:
     if not path or not os.path.exists(path):
         return False
     try:  # a record that the script finished is no failure
-        headline = json.loads(Path(path).read_text())["message"]["message"]
+        message = json.loads(Path(path).read_text())["message"]
     except (OSError, TypeError, ValueError, KeyError):
         return True  # a record it could not read: it failed
-    return not str(headline).startswith(FINISHED_MARKER)
+    return not error_headline(message).startswith(FINISHED_MARKER)
 
 
 def error_exitcode(message: Any) -> int | None:
