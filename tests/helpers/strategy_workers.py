@@ -154,3 +154,25 @@ def strategy_errors() -> dict[str, str]:
         except ddpkit.ConfigError as err:
             messages[name] = str(err)
     return messages
+
+
+def two_optimizers_resumed(strategy: str, folder: str) -> dict[str, Any]:
+    """One Adam per layer, each stepped every batch: 4 epochs straight, and 2 epochs then a
+    resume to 4 in another folder (checkpoints every epoch). Both runs' final parameters."""
+    ddpkit.init(timeout=60)
+
+    def fit(where: str, epochs: int) -> dict[str, torch.Tensor]:
+        units = (nn.Linear,) if strategy == "fsdp" else ()
+        model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=units)
+        layers = ddpkit.unwrap_model(model)
+        optimizers = {
+            "first": torch.optim.Adam(layers[0].parameters(), lr=1e-2),
+            "second": torch.optim.Adam(layers[2].parameters(), lr=3e-2),
+        }
+        trainer = ddpkit.Trainer(model, optimizers, F.cross_entropy, where, save_every=1)
+        trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=epochs)
+        return full_state(model)
+
+    straight = fit(f"{folder}/straight", 4)
+    fit(f"{folder}/cut", 2)
+    return {"straight": straight, "resumed": fit(f"{folder}/cut", 4)}

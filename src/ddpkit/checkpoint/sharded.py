@@ -24,7 +24,7 @@ import os
 import pickle
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +75,20 @@ def sharded_name(epoch: int, step: int | None = None) -> str:
 
 def save_sharded(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizers: Sequence[torch.optim.Optimizer],
     extra: dict[str, Any],
     folder: str | os.PathLike[str],
     position: Position,
 ) -> Path:
     """Collective: every rank writes its shards; returns the checkpoint directory.
 
+    Every optimizer in ``optimizers`` is saved (DCP keys their state by parameter name).
     ``extra`` (plain training state) goes into ``trainer.pt`` with the SHA-256 of every
     shard file, each rank hashing its share of the files.
 
     Example::
 
-        save_sharded(model, opt, {"epoch": 2}, "runs/x", Position(2))
+        save_sharded(model, [opt], {"epoch": 2}, "runs/x", Position(2))
         # PosixPath('runs/x/epoch_000002.dcp')
     """
     folder = Path(folder)
@@ -98,7 +99,7 @@ def save_sharded(
         staging.mkdir(parents=True)
     barrier()
     with _dcp_call(f"saving the sharded checkpoint {final.name}"):
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, list(optimizers))
         dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=staging)
     barrier()  # every shard and DCP's metadata are on disk
     digests = _shard_digests(staging)
@@ -135,17 +136,18 @@ def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_sharded(
-    model: nn.Module, optimizer: torch.optim.Optimizer, path: str | os.PathLike[str]
+    model: nn.Module, optimizers: Sequence[torch.optim.Optimizer], path: str | os.PathLike[str]
 ) -> None:
-    """Collective: load the shards of ``path`` into ``model`` and ``optimizer``.
+    """Collective: load the shards of ``path`` into ``model`` and every one of ``optimizers``.
 
     Example::
 
-        load_sharded(fsdp_model, optimizer, "runs/x/epoch_000002.dcp")
+        load_sharded(fsdp_model, [optimizer], "runs/x/epoch_000002.dcp")
     """
+    optimizers = list(optimizers)
     path = Path(path)
     with _dcp_call(f"loading the sharded checkpoint {path.name}"):
-        model_state, optim_state = get_state_dict(model, optimizer)  # templates to load into
+        model_state, optim_state = get_state_dict(model, optimizers)  # templates to load into
         state: dict[str, Any] = {"model": model_state, "optimizer": optim_state}
         try:
             dcp_load(state, storage_reader=SafeFileSystemReader(path))
@@ -155,7 +157,7 @@ def load_sharded(
                 f"{str(err).strip()[:500]}"
             ) from err
         set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
         )
 
 

@@ -155,7 +155,7 @@ class Checkpointer:
         if strategy_of(trainer.model).sharded:  # every rank writes its shards
             state = {**trainer.state_dict(weights=False), **extra}
             path: Path = _sharded().save_sharded(
-                trainer.model, trainer.optimizer, state, self.folder, position
+                trainer.model, list(trainer.optimizers.values()), state, self.folder, position
             )
         else:  # replicas are identical under DDP: one writer is enough
             path = self.folder / position.name()
@@ -212,7 +212,7 @@ class Checkpointer:
     ) -> EpochProgress:
         check_same_model(state.get("model_signature"), trainer.model, path)
         if path.suffix == ".dcp":
-            _sharded().load_sharded(trainer.model, trainer.optimizer, path)
+            _sharded().load_sharded(trainer.model, list(trainer.optimizers.values()), path)
         trainer.load_state_dict(state)
         progress = _restored_progress(state, trainer, loader, path)
         where = parse_name(path.name)

@@ -27,6 +27,7 @@ class TrainingRun(Protocol):
     world: World
     model: nn.Module
     optimizer: torch.optim.Optimizer
+    optimizers: dict[str, torch.optim.Optimizer]
     accumulate: int
     precision: MixedPrecision
     epoch: int  # completed epochs

@@ -119,3 +119,11 @@ def test_the_startup_line_says_how_uneven_data_is_handled(uneven: str, note: str
     line = ddpkit.spawn(workers.sgd_with_policy, 2, 10, "per_device", 41, uneven)[0]["startup"]
     assert line.startswith("training DDP; global batch 20 = 10 per device x 2 ranks")
     assert f'1 sample {note} so the 2 shards are equal (uneven="{uneven}")' in line
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_every_optimizer_resumes_from_the_checkpoint_bit_for_bit(
+    strategy: str, tmp_path: Path
+) -> None:
+    runs = ddpkit.spawn(workers.two_optimizers_resumed, 2, strategy, str(tmp_path))[0]
+    assert max_abs_diff(runs["straight"], runs["resumed"]) == 0.0

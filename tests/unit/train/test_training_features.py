@@ -117,9 +117,9 @@ def test_sharded_checkpoint_round_trip_without_a_process_group(tmp_path: Path) -
     model, other = toy_model(seed=1), toy_model(seed=2)
     opt = torch.optim.Adam(model.parameters())
     opt_other = torch.optim.Adam(other.parameters())
-    path = save_sharded(model, opt, {"epoch": 3}, tmp_path, Position(3))
+    path = save_sharded(model, [opt], {"epoch": 3}, tmp_path, Position(3))
     assert read_sharded_extra(path)["epoch"] == 3  # every shard file matches its digest
-    load_sharded(other, opt_other, path)
+    load_sharded(other, [opt_other], path)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, other.state_dict()[name]), name
     shard = next(path.glob("*.distcp"))
