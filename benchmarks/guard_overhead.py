@@ -1,6 +1,6 @@
 """What the step guard costs a training step, measured side by side in the same workers.
 
-The guard (``ddpkit.train.guards``) checks each micro-batch's loss and, with a checkpoint_dir,
+The guard (``ddpkit.train.guard``) checks each micro-batch's loss and, with a checkpoint_dir,
 has the ranks compare stop requests about once a second, at a step boundary they agree on.
 ``nonfinite_loss="skip"`` instead exchanges every rank's loss check before each update: one
 all-reduce per step that the step waits for. Separate runs of a job differ by more than
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from parity import make_data, make_model
 
 import ddpkit
-from ddpkit.train.guards import StepGuard, Verdict
+from ddpkit.train.guard import StepGuard, Verdict
 
 
 def workload(name: str) -> tuple[torch.nn.Module, Any, int]:
@@ -58,7 +58,7 @@ def rotate(name: str, rounds: int) -> dict[str, list[float]]:
     for index in range(len(SETTINGS) * rounds + 1):
         setting = SETTINGS[index % len(SETTINGS)]
         trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
-        trainer._guard = guards[setting]
+        trainer.loop.guard = trainer.loop.updater.guard = guards[setting]  # the loop's part
         seconds = trainer.fit(loader, epochs=1)[0]["time_s"] / len(loader)
         if index > 0:  # the first epoch warms up
             times[setting].append(seconds)

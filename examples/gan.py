@@ -116,6 +116,7 @@ def main() -> None:
         models,
         optimizers,
         scheduler=schedulers,
+        manual_optimization=True,  # the step makes both updates itself
         checkpoint_dir=args.checkpoint_dir,
         save_every_steps=args.save_every_steps,
     )

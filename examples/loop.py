@@ -1,11 +1,13 @@
 """The wine classifier in a loop of your own, with ddpkit's guarantees kept: ``TrainLoop``.
 
-No Trainer: the loop, the loss, the evaluation are plain PyTorch. ``TrainLoop`` adds what a
-hand-written loop lacks: checkpoints that resume mid-epoch to bit-identical parameters, the
-stop-request agreement (SIGTERM / SIGUSR1: every rank checkpoints at the same step, exit 75),
-the NaN/inf check before each update, the hang watchdog's step labels, and what ``ddpkit
-verify`` needs to follow the loop. ``gather_for_metrics`` collects every rank's predictions
-for a metric over the whole test set, exactly as one process computes it.
+No Trainer: the loop, the loss, the evaluation are plain PyTorch. ``TrainLoop`` is the
+loop the Trainer runs, so a hand-written loop gets what the Trainer has: checkpoints that
+resume mid-epoch to bit-identical parameters, the stop-request agreement (SIGTERM / SIGUSR1:
+every rank checkpoints at the same step, exit 75), the NaN/inf check before each update,
+gradient accumulation and mixed precision (``--accumulate``, ``--precision``), the hang
+watchdog's step labels, the epoch line, and what ``ddpkit verify`` needs to follow the loop.
+``gather_for_metrics`` collects every rank's predictions for a metric over the whole test
+set, exactly as one process computes it; ``add_metrics`` puts it in the epoch's line.
 
     python examples/loop.py                                    # one process
     ddpkit run --nproc 2 examples/loop.py --checkpoint-dir runs/loop --save-every-steps 10
@@ -31,6 +33,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
     parser.add_argument("--save-every-steps", type=int, default=None)
+    parser.add_argument("--accumulate", type=int, default=1, help="batches per optimizer step")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
@@ -57,17 +61,18 @@ def main() -> None:
     train = ddpkit.prepare_loader(train_set, batch_size=args.batch_size)
     test = ddpkit.prepare_loader(test_set, batch_size=args.batch_size, shuffle=False)
     state = {"model": model, "optimizer": optimizer, "best_accuracy": 0.0}
-    loop = ddpkit.TrainLoop(state, args.checkpoint_dir, save_every_steps=args.save_every_steps)
-    for epoch in loop.epochs(args.epochs):
+    loop = ddpkit.TrainLoop(state, args.checkpoint_dir, save_every_steps=args.save_every_steps,
+                            accumulate=args.accumulate, precision=args.precision)  # fmt: skip
+    for _epoch in loop.epochs(args.epochs):
         for inputs, targets in loop.batches(train):  # on the device; resumes mid-epoch
-            loss = F.cross_entropy(model(inputs), targets)
-            loop.backward(loss)  # loss.backward(), with the NaN/inf check
+            with loop.autocast():  # the precision asked for (fp32: nothing)
+                loss = F.cross_entropy(model(inputs), targets)
+            loop.backward(loss)  # loss.backward(), with the NaN/inf check and accumulation
             loop.optimizer_step(optimizer)  # the guard's verdict, step, zero_grad
         predicted, labels = ddpkit.gather_for_metrics(predict(model, test), test)
         accuracy = (predicted == labels).double().mean().item()
         state["best_accuracy"] = max(state["best_accuracy"], accuracy)  # checkpointed too
-        ddpkit.print0(f"epoch {epoch + 1}/{args.epochs}  test accuracy {accuracy:.4f} "
-                      f"over {len(labels)} samples  (step {loop.step})")  # fmt: skip
+        loop.add_metrics({"test_accuracy": accuracy})  # shown in the epoch's line
     ddpkit.print0(f"best test accuracy {state['best_accuracy']:.4f}")
 
 

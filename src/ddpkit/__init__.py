@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ddpkit.env.world import World
     from ddpkit.launch.launcher import spawn
     from ddpkit.parallel.strategy import prepare_model, unwrap_model
+    from ddpkit.runtime.callbacks import Callback
     from ddpkit.runtime.collectives import (
         all_reduce_mean,
         all_reduce_sum,
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
     from ddpkit.runtime.seeding import seed_everything
     from ddpkit.runtime.session import current_world, init, shutdown
     from ddpkit.runtime.watchdog import watch
-    from ddpkit.train.callbacks import Callback
     from ddpkit.train.explog import ExperimentLog
     from ddpkit.train.loop import TrainLoop
     from ddpkit.train.trainer import Trainer
@@ -81,7 +81,7 @@ _LAZY = {
     "init": "ddpkit.runtime.session",
     "shutdown": "ddpkit.runtime.session",
     "watch": "ddpkit.runtime.watchdog",
-    "Callback": "ddpkit.train.callbacks",
+    "Callback": "ddpkit.runtime.callbacks",
     "ExperimentLog": "ddpkit.train.explog",
     "TrainLoop": "ddpkit.train.loop",
     "Trainer": "ddpkit.train.trainer",

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ddpkit
-import ddpkit.train.resume
+import ddpkit.train.checkpointer
 
 
 def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
@@ -69,32 +69,33 @@ def sgd_steps(batch_size: int, epochs: int = 1, lr: float = 0.1) -> dict[str, to
 
 
 def crash_before_step(trainer: ddpkit.Trainer, step: int, error: type[Exception]) -> None:
-    """Make ``trainer`` raise ``error`` just before optimizer step ``step``: a crash to resume
-    from, at a chosen place."""
-    real_update = trainer._update_weights
+    """Make ``trainer`` raise ``error`` just before optimizer step ``step``'s update: a crash
+    to resume from, at a chosen place."""
+    updater = trainer.loop.updater
+    real_step = updater._step
 
-    def update_unless_crashing(optimizers: list[torch.optim.Optimizer]) -> None:
+    def step_unless_crashing(optimizers: list[torch.optim.Optimizer]) -> None:
         if trainer.step + 1 == step:
             raise error(f"crash before step {step}")
-        real_update(optimizers)
+        real_step(optimizers)
 
-    trainer._update_weights = update_unless_crashing  # type: ignore[method-assign]
+    updater._step = step_unless_crashing  # type: ignore[method-assign]
 
 
 def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[str, object]:
     """Adam on the toy task with checkpoints; records which epochs this rank saved."""
     ddpkit.init(timeout=60)
     saved: list[int] = []
-    real_save = ddpkit.train.resume.save_checkpoint
+    real_save = ddpkit.train.checkpointer.save_checkpoint
 
     def recording_save(state, where, epoch, step=None):  # observe this rank's writes
         saved.append(epoch)
         return real_save(state, where, epoch, step)
 
-    ddpkit.train.resume.save_checkpoint = recording_save  # type: ignore[assignment]
+    ddpkit.train.checkpointer.save_checkpoint = recording_save  # type: ignore[assignment]
     model = ddpkit.prepare_model(toy_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every=save_every)
     history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=epochs)
     return {"state": cpu_state(model), "saved": saved, "history": history}
 
@@ -239,7 +240,7 @@ def gathered_for_metrics(n: int, shuffle: bool) -> dict[str, object]:
     """Every rank's predictions over a loader of ``n`` samples, gathered for a metric; also
     all_gather of uneven rows, a refused shape mismatch, and metrics named differently by rank."""
     from ddpkit.errors import ConfigError
-    from ddpkit.train.metrics import MetricSums
+    from ddpkit.train.steps import MetricSums
 
     world = ddpkit.init(timeout=60, seed=3)
     data = TensorDataset(torch.arange(float(n)), torch.arange(n) % 3)

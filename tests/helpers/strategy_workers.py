@@ -13,7 +13,6 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Dataset, Subset
 
 import ddpkit
-from ddpkit.train.startup import describe_training
 from helpers.mp_workers import crash_before_step, toy_dataset, toy_model
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -48,7 +47,7 @@ def train_toy(
     model = ddpkit.prepare_model(model, strategy, fsdp_units=units)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(
-        model, optimizer, F.cross_entropy, folder, save_every, clip_grad_norm=clip,
+        model, optimizer, F.cross_entropy, folder, save_every=save_every, clip_grad_norm=clip,
         save_every_steps=save_every_steps,
     )  # fmt: skip
     if crash_at is not None:
@@ -101,7 +100,7 @@ def sgd_with_policy(
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
     loader = ddpkit.prepare_loader(toy_dataset(n), plan, uneven=uneven)
     trainer.fit(loader, epochs=2)
-    return {"state": full_state(model), "plan": plan, "startup": describe_training(trainer, loader)}
+    return {"state": full_state(model), "plan": plan, "startup": trainer.setup.describe()}
 
 
 class RandomItems(Dataset[torch.Tensor]):

@@ -1,12 +1,13 @@
 """ddpkit's own messages: the ``ddpkit`` logger, from rank 0 by default, as ``ddpkit: ...``.
 
-Library notices (``ddpkit: saved runs/x/epoch_000004.pt``) are INFO records of the
-``ddpkit`` logger and go to stdout from rank 0 only; warnings and errors go to stderr, and
-those about one rank (a damaged file it read, a hang it saw) are marked :data:`EVERY_RANK`
-so each rank says its own. A command's lines come from its own child logger
+Library notices (``ddpkit: saved runs/x/epoch_000004.pt``) are INFO records of the ``ddpkit``
+logger and go to stdout from rank 0 only, the training loop's epoch and step lines among them
+(shown without the prefix: ``epoch 3/10  loss 0.4120  (1.25 s)``); warnings and errors go to
+stderr, and those about one rank (a damaged file it read, a hang it saw) are marked
+:data:`EVERY_RANK` so each rank says its own. A command's lines come from its own child logger
 (``ddpkit.run`` prints ``ddpkit run: ...``) and go to stderr, where they do not mix with a
-command's results on stdout. Each record is written to the stream as it is at that moment
-and flushed, so launcher logs keep their order and pytest or doctest capture it.
+command's results on stdout. Each record is written to the stream as it is at that moment and
+flushed, so launcher logs keep their order and pytest or doctest capture it.
 
 The standard library silences or redirects them, before or after ``ddpkit.init()``::
 
@@ -28,6 +29,7 @@ from typing import Any
 
 LOGGER_NAME = "ddpkit"
 EVERY_RANK: dict[str, Any] = {"every_rank": True}  # ``extra=`` for a record every rank writes
+PLAIN: dict[str, Any] = {"plain": True}  # ``extra=`` for a line shown as it is (epoch lines)
 
 logger = logging.getLogger(LOGGER_NAME)
 _rank: int | None = None
@@ -89,9 +91,12 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 class _PrefixFormatter(logging.Formatter):
-    """``ddpkit: message``, or ``ddpkit run: message`` for the ``ddpkit.run`` logger."""
+    """``ddpkit: message``, or ``ddpkit run: message`` for the ``ddpkit.run`` logger; a
+    :data:`PLAIN` record (the training loop's epoch and step lines) as it is."""
 
     def format(self, record: logging.LogRecord) -> str:
+        if getattr(record, "plain", False):
+            return record.getMessage()
         return f"{record.name.replace('.', ' ')}: {record.getMessage()}"
 
 

@@ -2,19 +2,21 @@
 
 A launcher (``ddpkit run``, ``ddpkit.spawn``, or one of ddpkit's commands starting a child
 job) talks to its workers through environment variables; the workers answer through their
-exit codes and through torch elastic's error file, whose first line may carry a marker that
-tells the launcher what kind of stop it was. Both sides import the names from here, so a
-marker written in one place is parsed by the same constant in the other.
+exit codes and through torch elastic's error file, whose record carries a :class:`RecordKind`
+that tells the launcher what kind of stop it was (a failure, a hang report, a preemption, or
+a state: training or finished). Both sides import the names from here, so a kind written in
+one place is read by the same enum in the other.
 
 Example:
-    >>> record = error_record(HANG_MARKER + "rank 1 did not reach all_reduce", "the report")
-    >>> error_headline(record["message"]).startswith(HANG_MARKER), error_text(record["message"])
-    (True, 'the report')
+    >>> record = error_record("rank 1 did not reach all_reduce", "the report", kind=RecordKind.HANG)
+    >>> error_kind(record["message"]), error_text(record["message"])
+    (<RecordKind.HANG: 'hang'>, 'the report')
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import os
 import sys
@@ -46,16 +48,37 @@ VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's
 REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks
 SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
 CHECKPOINT_DIR_ENV = "DDPKIT_CHECKPOINT_DIR"  # a command's scratch folder for the checkpoints
+LOG_DIR_ENV = "DDPKIT_LOG_DIR"  # ... and for the experiment logs
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
+_KIND = "ddpkit_kind"  # the record's RecordKind, in the error file's extraInfo
 
 # --- the signals that mean "stop and come back" (a preemption), not "fail" -----------------
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SLURM/Kubernetes preemption; SLURM's --signal=USR1@S
 
-# --- error-file markers: how a worker's record starts ------------------------------------
-HANG_MARKER = "hang: "  # the watchdog's report, from the rank that noticed
-HANG_ANSWER = "hang reported by"  # a rank that answered another rank's report
-PREEMPTED_MARKER = "preempted: "  # a clean stop after a checkpoint (exit 75)
-FINISHED_MARKER = "finished: "  # the script returned; the exit handlers still ran
+
+class RecordKind(str, enum.Enum):
+    """What a worker's error-file record says, written once in its own field.
+
+    Failures (``ERROR``, ``HANG``, ``HANG_ANSWER``) and stops (``PREEMPTED``) end the worker;
+    states (``TRAINING``, ``FINISHED``) are written ahead and read only if the worker then
+    fails or is stopped, so the launcher knows where it was.
+
+    Example:
+        >>> RecordKind.FINISHED.is_state, RecordKind.HANG.is_state
+        (True, False)
+    """
+
+    ERROR = "error"  # an exception (the traceback)
+    HANG = "hang"  # the watchdog's report, from the rank that noticed
+    HANG_ANSWER = "hang_answer"  # a rank that answered another rank's report
+    PREEMPTED = "preempted"  # a clean stop after a checkpoint, or outside training (exit 75)
+    TRAINING = "training"  # the loop was training (written when it starts)
+    FINISHED = "finished"  # the script returned; the exit handlers still ran
+
+    @property
+    def is_state(self) -> bool:
+        """True for a record of where the worker was, not of how it failed."""
+        return self in (RecordKind.TRAINING, RecordKind.FINISHED)
 
 
 def error_record(
@@ -64,6 +87,7 @@ def error_record(
     timestamp: int | None = None,
     call: str | None = None,
     exitcode: int | None = None,
+    kind: RecordKind = RecordKind.ERROR,
 ) -> dict[str, Any]:
     """An error file's contents, in the layout torch's ``record()`` writes.
 
@@ -71,13 +95,14 @@ def error_record(
     the rank it blames (a traceback, a hang report); ``call`` the torch or ddpkit call the
     user's code was in (``"all_reduce (train.py:41)"``) and ``exitcode`` the code the worker
     exits with: extras torch ignores, for when the agent stopped the worker before it saw it.
+    ``kind`` says what the record is (:class:`RecordKind`).
 
     Example:
         >>> error_record("ValueError: x", "Traceback ...", timestamp=7)["message"]["message"]
         'ValueError: x'
     """
     stamp = int(time.time()) if timestamp is None else timestamp
-    extra = {"py_callstack": details, "timestamp": str(stamp)}
+    extra = {"py_callstack": details, "timestamp": str(stamp), _KIND: kind.value}
     if call:
         extra["ddpkit_call"] = call
     if exitcode is not None:
@@ -87,13 +112,14 @@ def error_record(
 
 def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> None:
     """Write ``record`` where torch's agent reads this worker's failure; a no-op outside an
-    elastic launch. ``keep_existing``: the first record written (a hang report) stays.
+    elastic launch. ``keep_existing``: a failure or stop written first (a hang report) stays;
+    a state record (training, finished) is always replaced.
 
     Example:
         >>> write_error_file(error_record("ValueError: x", "..."))  # no launcher: no-op
     """
     path = os.environ.get(ERROR_FILE_ENV)
-    if not path or (keep_existing and os.path.exists(path)):
+    if not path or (keep_existing and not _recorded_kind(path).is_state):
         return
     # Whole or not at all: the agent parses the file once the worker has exited, and a
     # worker stopped between creating and filling it (the agent's SIGTERM lands in the
@@ -106,9 +132,9 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
 
 
 def failure_recorded() -> bool:
-    """Whether this process is ending in failure: it wrote its error file (other than the
-    record that the script finished), or an exception went uncaught (Python sets
-    ``sys.last_value`` before the exit handlers run).
+    """Whether this process is ending in failure: it wrote a failure to its error file (not
+    a state record), or an exception went uncaught (Python sets ``sys.last_value`` before the
+    exit handlers run).
 
     Example:
         >>> failure_recorded()
@@ -117,13 +143,32 @@ def failure_recorded() -> bool:
     path = os.environ.get(ERROR_FILE_ENV)
     if hasattr(sys, "last_value"):
         return True
-    if not path or not os.path.exists(path):
-        return False
-    try:  # a record that the script finished is no failure
+    return bool(path) and not _recorded_kind(str(path)).is_state
+
+
+def _recorded_kind(path: str) -> RecordKind:
+    """The kind of the record at ``path``; FINISHED (a state) when there is none."""
+    try:
         message = json.loads(Path(path).read_text())["message"]
+    except FileNotFoundError:
+        return RecordKind.FINISHED
     except (OSError, TypeError, ValueError, KeyError):
-        return True  # a record it could not read: it failed
-    return not error_headline(message).startswith(FINISHED_MARKER)
+        return RecordKind.ERROR  # a record it could not read: it failed
+    return error_kind(message)
+
+
+def error_kind(message: Any) -> RecordKind:
+    """The kind a record's ``message`` field carries (ERROR when it says none).
+
+    Example:
+        >>> error_kind(error_record("x", "y", kind=RecordKind.PREEMPTED)["message"])
+        <RecordKind.PREEMPTED: 'preempted'>
+    """
+    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    try:
+        return RecordKind(extra.get(_KIND, RecordKind.ERROR.value))
+    except ValueError:
+        return RecordKind.ERROR
 
 
 def error_exitcode(message: Any) -> int | None:
@@ -169,8 +214,8 @@ def error_headline(message: Any) -> str:
     """The first line a worker recorded, from a record's ``message`` field.
 
     Example:
-        >>> error_headline({"message": "preempted: stopped", "extraInfo": {}})
-        'preempted: stopped'
+        >>> error_headline({"message": "stopped by SIGTERM", "extraInfo": {}})
+        'stopped by SIGTERM'
     """
     text = message.get("message", "") if isinstance(message, dict) else str(message)
     return str(text).strip().split("\n", 1)[0]

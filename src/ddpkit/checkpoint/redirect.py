@@ -1,4 +1,5 @@
-"""Where a run's checkpoints really go: the script's own folder, or a ddpkit command's scratch.
+"""Where a run's checkpoints and logs really go: the script's own folders, or a ddpkit
+command's scratch.
 
 ``ddpkit verify``, ``ddpkit bench`` and ``ddpkit doctor --run`` run the user's script as it
 is. Were it to write and resume its own checkpoint folder there, a tool's run would resume
@@ -6,7 +7,8 @@ from the user's earlier training (or the tool's first run would feed its second)
 what the user's next ``python train.py`` resumes from. So these commands set
 ``DDPKIT_CHECKPOINT_DIR`` to a folder of their own, and every checkpoint folder a script names
 maps to a subfolder of it: the tool's runs start from nothing and the user's folder is left
-as it was.
+as it was. The experiment log's folder is redirected the same way (``DDPKIT_LOG_DIR``), so
+a tool's run neither writes into the user's curves nor truncates them.
 
 Example:
     >>> import os
@@ -25,7 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ddpkit._core.protocol import CHECKPOINT_DIR_ENV
+from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, LOG_DIR_ENV
 
 
 def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path:
@@ -38,7 +40,21 @@ def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path:
         >>> resolve_checkpoint_dir("/data/ckpt").name
         'ckpt'
     """
-    scratch = os.environ.get(CHECKPOINT_DIR_ENV)
+    return _redirected(folder, CHECKPOINT_DIR_ENV)
+
+
+def resolve_log_dir(folder: str | os.PathLike[str]) -> Path:
+    """The folder the experiment log named ``folder`` goes to in this run.
+
+    Example:
+        >>> resolve_log_dir("runs/wine/logs").name
+        'logs'
+    """
+    return _redirected(folder, LOG_DIR_ENV)
+
+
+def _redirected(folder: str | os.PathLike[str], variable: str) -> Path:
+    scratch = os.environ.get(variable)
     if not scratch or Path(folder).is_relative_to(scratch):  # unset, or resolved already
         return Path(folder)
     return Path(scratch) / "-".join(p for p in Path(folder).parts if p not in ("/", "."))

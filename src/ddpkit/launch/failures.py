@@ -24,14 +24,12 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddpkit._core.protocol import (
-    FINISHED_MARKER,
-    HANG_ANSWER,
-    HANG_MARKER,
-    PREEMPTED_MARKER,
     SAME_CALLS_FIX,
+    RecordKind,
     error_call,
     error_exitcode,
     error_headline,
+    error_kind,
     error_text,
     error_timestamp,
 )
@@ -44,7 +42,6 @@ _ECHOES = (
     "broken pipe",
     "remote worker crashing",
     "communicator was aborted",
-    HANG_ANSWER,  # a rank that answered another rank's hang report
 )
 _NO_DETAIL = (
     "no Python error was recorded (os._exit, or a crash in native code); see the worker's "
@@ -73,18 +70,19 @@ class Failure:
     timestamp: int
     headline: str = ""
     call: str | None = None  # the torch/ddpkit call the user's code was in
+    kind: RecordKind = RecordKind.ERROR
 
     @property
     def stopped(self) -> bool:
         """True when a signal stopped this worker (SIGTERM's default, or ddpkit's exit 75):
         the agent's doing when another worker failed, or a preemption when all were."""
-        return self.exitcode == -signal.SIGTERM or self.text.startswith(PREEMPTED_MARKER)
+        return self.exitcode == -signal.SIGTERM or self.kind is RecordKind.PREEMPTED
 
     @property
     def finished(self) -> bool:
         """True when this worker had finished the script and failed while exiting (the
         agent stopped it there because a peer failed, or the teardown crashed)."""
-        return self.text.startswith(FINISHED_MARKER)
+        return self.kind is RecordKind.FINISHED
 
     @property
     def summary(self) -> str:
@@ -94,8 +92,9 @@ class Failure:
 
     @property
     def is_echo(self) -> bool:
-        """True when this worker only failed because a peer died."""
-        return is_echo(self.text)
+        """True when this worker only failed because a peer died (or answered a peer's hang
+        report)."""
+        return self.kind is RecordKind.HANG_ANSWER or is_echo(self.text)
 
 
 def is_echo(text: str) -> bool:
@@ -109,30 +108,62 @@ def is_echo(text: str) -> bool:
     return any(echo in lowered for echo in _ECHOES)
 
 
-def root_cause(
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why a launch failed: the worker to blame, the other failed ones, the ranks that had
+    finished the script.
+
+    Example:
+        >>> cause = Failure(rank=1, exitcode=1, text="ValueError: x", timestamp=0)
+        >>> print(Diagnosis(cause, others=[], finished=[]).error())
+        worker rank 1 failed (exit code 1):
+        ValueError: x
+    """
+
+    cause: Failure
+    others: list[Failure]
+    finished: list[int]
+
+    def error(self) -> WorkerFailedError:
+        """The cause's text once, then one line per other failed rank saying what happened."""
+        cause = self.cause
+        same = [f for f in self.others if f.summary == cause.summary and not f.is_echo]
+        lines = [cause.text] + [_what_happened(f, cause) for f in self.others if f not in same]
+        return WorkerFailedError(
+            rank=cause.rank,
+            exitcode=cause.exitcode,
+            detail="\n".join(lines),
+            headline=_headline(cause, same, self.finished),
+        )
+
+
+def diagnose(
     err: ChildFailedError, log_dir: str | os.PathLike[str], local_world: int | None = None
-) -> WorkerFailedError:
-    """The worker to blame for ``err`` as a WorkerFailedError: its traceback once, then one
-    line per other failed rank saying what happened to it.
+) -> Diagnosis:
+    """Which worker is to blame for ``err``, from torch's records and every error file.
 
     ``local_world`` (this node's worker count) lets it tell which ranks finished the script
     normally: a rank that waited in a collective for one of them made the classic mistake.
 
     Example::
 
-        root_cause(child_failed, "/tmp/logs", 2).rank   # the worker whose error is the cause
+        diagnose(child_failed, "/tmp/logs", 2).cause.rank   # the worker whose error is the cause
     """
     failures = _all_failures(err, Path(log_dir))
     cause, *others = sorted(failures, key=_blame_order)
-    finished = _finished_ranks(err, failures, local_world)
-    same = [f for f in others if f.summary == cause.summary and not f.is_echo]
-    lines = [cause.text] + [_what_happened(f, cause) for f in others if f not in same]
-    return WorkerFailedError(
-        rank=cause.rank,
-        exitcode=cause.exitcode,
-        detail="\n".join(lines),
-        headline=_headline(cause, same, finished),
-    )
+    return Diagnosis(cause, others, _finished_ranks(err, failures, local_world))
+
+
+def root_cause(
+    err: ChildFailedError, log_dir: str | os.PathLike[str], local_world: int | None = None
+) -> WorkerFailedError:
+    """The worker to blame for ``err``, as the WorkerFailedError the user is shown.
+
+    Example::
+
+        root_cause(child_failed, "/tmp/logs", 2).rank   # the worker whose error is the cause
+    """
+    return diagnose(err, log_dir, local_world).error()
 
 
 def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str | None:
@@ -184,33 +215,22 @@ def _how(exitcode: int) -> str:
     return f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
 
 
-def preemption_message(text: str) -> str | None:
-    """The message of a worker's preemption record, or None for any other failure.
-
-    Example:
-        >>> preemption_message("preempted: stopped by SIGTERM at the end of epoch 3")
-        'stopped by SIGTERM at the end of epoch 3'
-    """
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return first.removeprefix(PREEMPTED_MARKER) if first.startswith(PREEMPTED_MARKER) else None
-
-
-def error_file_texts(log_dir: str | os.PathLike[str]) -> list[str]:
+def recorded(log_dir: str | os.PathLike[str]) -> list[Recorded]:
     """What each worker of the newest attempt recorded in its error file, by local rank.
 
     Example:
-        >>> error_file_texts("/nonexistent")
+        >>> recorded("/nonexistent")
         []
     """
-    found = _read_error_files(Path(log_dir))
-    return [found[rank].text for rank in sorted(found)]
+    found = read_error_files(Path(log_dir))
+    return [found[rank] for rank in sorted(found)]
 
 
 def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, bool, int, int]:
     # A hang report names the rank at fault itself. When one worker dies the agent sends
     # SIGTERM to the others within the same second (timestamps are whole seconds), so a
     # worker stopped by a signal is the agent's doing unless nothing else failed.
-    report = f.text.startswith(HANG_MARKER)
+    report = f.kind is RecordKind.HANG
     return (not report, f.finished, f.is_echo, f.stopped, f.text == _NO_DETAIL, f.timestamp,
             f.rank)  # fmt: skip
 
@@ -218,27 +238,37 @@ def _blame_order(f: Failure) -> tuple[bool, bool, bool, bool, bool, int, int]:
 def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
     reported = {rank: _from_process_failure(rank, pf) for rank, pf in err.failures.items()}
     rank_offset = next((rank - pf.local_rank for rank, pf in err.failures.items()), 0)
-    for local_rank, found in _read_error_files(log_dir).items():
+    for local_rank, found in read_error_files(log_dir).items():
         rank = local_rank + rank_offset
-        if found.text.startswith(FINISHED_MARKER):
-            if rank in reported:  # it finished, then failed while exiting: keep how it died
-                reported[rank] = replace(reported[rank], text=found.text)
+        if found.kind.is_state:  # where it was, not how it failed
+            if rank in reported and found.kind is RecordKind.FINISHED:  # failed while exiting
+                reported[rank] = replace(reported[rank], text=found.text, kind=found.kind)
             continue  # not reported: it exited 0
         # A worker that recorded its error failed with it (exit code 1, or its sys.exit code),
         # even when the agent's SIGTERM reached it while it was still exiting.
         exitcode = reported[rank].exitcode if rank in reported else -1
         exitcode = exitcode if exitcode > 0 else (found.exitcode or 1)
         reported[rank] = Failure(
-            rank, exitcode, found.text, found.timestamp, found.headline, found.call
+            rank, exitcode, found.text, found.timestamp, found.headline, found.call, found.kind
         )
     return list(reported.values())
 
 
 def _from_process_failure(rank: int, failure: ProcessFailure) -> Failure:
-    text = _message_text(failure.message)  # torch describes signal deaths itself
+    # torch describes a signal death itself when the worker left no error file; a state
+    # record it read instead (training, finished) tells nothing of the death, so say it as torch.
+    stated = isinstance(failure.message, dict) and error_kind(failure.message).is_state
+    text = _death_text(failure) if stated else _message_text(failure.message)
     hint = _SIGNAL_HINTS.get(failure.exitcode)
     text = f"{text} ({hint})" if text and hint else text
     return Failure(rank, failure.exitcode, text or _NO_DETAIL, int(failure.timestamp))
+
+
+def _death_text(failure: ProcessFailure) -> str:
+    if failure.exitcode >= 0:
+        return ""
+    name = signal.Signals(-failure.exitcode).name
+    return f"Signal {-failure.exitcode} ({name}) received by PID {failure.pid}"
 
 
 def _message_text(message: Any) -> str:
@@ -249,18 +279,30 @@ def _message_text(message: Any) -> str:
 
 
 @dataclass(frozen=True)
-class _Recorded:
-    """What one worker wrote in its error file."""
+class Recorded:
+    """What one worker wrote in its error file, its kind parsed.
+
+    Example:
+        >>> Recorded("stopped by SIGTERM", 0, "stopped by SIGTERM", None, 75,
+        ...          RecordKind.PREEMPTED).kind.value
+        'preempted'
+    """
 
     text: str
     timestamp: int
     headline: str
     call: str | None
     exitcode: int | None
+    kind: RecordKind
 
 
-def _read_error_files(log_dir: Path) -> dict[int, _Recorded]:
-    """``{local_rank: what it recorded}`` from the newest restart attempt's error files."""
+def read_error_files(log_dir: Path) -> dict[int, Recorded]:
+    """``{local_rank: what it recorded}`` from the newest restart attempt's error files.
+
+    Example:
+        >>> read_error_files(Path("/nonexistent"))
+        {}
+    """
     attempts = sorted(log_dir.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))
     if not attempts:
         return {}
@@ -268,12 +310,13 @@ def _read_error_files(log_dir: Path) -> dict[int, _Recorded]:
     for path in attempts[-1].glob("*/error.json"):
         try:
             message = json.loads(path.read_text())["message"]
-            found[int(path.parent.name)] = _Recorded(
+            found[int(path.parent.name)] = Recorded(
                 _message_text(message),
                 error_timestamp(message),
                 error_headline(message),
                 error_call(message),
                 error_exitcode(message),
+                error_kind(message),
             )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a half-written file from a killed worker tells us nothing

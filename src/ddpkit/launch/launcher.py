@@ -42,6 +42,7 @@ from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     PREEMPTED_EXIT_CODE,
     STOP_SIGNALS,
+    RecordKind,
 )
 from ddpkit._core.system import listening_pid, loopback_interface, usable_cores
 from ddpkit._core.torchversion import torch_at_least
@@ -52,7 +53,7 @@ from ddpkit.errors import (
     RendezvousError,
     StoppedBySignalError,
 )
-from ddpkit.launch.failures import error_file_texts, preemption_message, root_cause
+from ddpkit.launch.failures import diagnose, recorded
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
@@ -172,18 +173,30 @@ def launch_outcome(
         130
     """
     if isinstance(err, SignalException):
-        stops = [m for text in error_file_texts(log_dir) if (m := preemption_message(text))]
-        signal_name = signal.Signals(err.sigval).name
-        if stops:
-            return PreemptedError(stops[0])
-        if signal_name in STOP_SIGNALS:  # a preemption before any worker could say
-            return PreemptedError(f"stopped by {signal_name} while starting; run it again")
-        return StoppedBySignalError(signal_name, err.sigval)
-    cause = root_cause(err, log_dir, local_world)
-    message = preemption_message(cause.detail)
-    if cause.exitcode == PREEMPTED_EXIT_CODE and message:
-        return PreemptedError(message)
-    return cause
+        return _signal_outcome(signal.Signals(err.sigval), log_dir)
+    diagnosis = diagnose(err, log_dir, local_world)
+    cause = diagnosis.cause
+    if cause.exitcode == PREEMPTED_EXIT_CODE and cause.kind is RecordKind.PREEMPTED:
+        return PreemptedError(cause.text)
+    return diagnosis.error()
+
+
+def _signal_outcome(signum: signal.Signals, log_dir: str) -> DdpkitError:
+    """The launcher got ``signum``: what the workers recorded says how far they got."""
+    records = recorded(log_dir)
+    stops = [r.text for r in records if r.kind is RecordKind.PREEMPTED]
+    if stops:
+        return PreemptedError(stops[0])
+    if signum.name not in STOP_SIGNALS:
+        return StoppedBySignalError(signum.name, signum)
+    training = [r.text for r in records if r.kind is RecordKind.TRAINING]
+    if training:  # they trained, but were stopped before a step where they could save
+        return PreemptedError(
+            f"stopped by {signum.name} during training ({training[0]}) before they reached a "
+            "step where they could checkpoint, so nothing new was saved; run the same command "
+            "again to resume from the last checkpoint"
+        )
+    return PreemptedError(f"stopped by {signum.name} while starting; run it again")
 
 
 def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:

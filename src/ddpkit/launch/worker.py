@@ -26,12 +26,11 @@ import traceback
 from collections.abc import Mapping
 
 from ddpkit._core.protocol import (
-    FINISHED_MARKER,
     LAUNCHER_REPORTS_ENV,
     PREEMPTED_EXIT_CODE,
-    PREEMPTED_MARKER,
     STOP_SIGNALS,
     WORKER_SETUP_ENV,
+    RecordKind,
     error_record,
     write_error_file,
 )
@@ -78,7 +77,7 @@ def _exit_preempted(signum: int, _frame: object) -> None:
         f"stopped by {signal.Signals(signum).name} outside training (start-up, evaluation "
         "or exit), with nothing new saved; run the same command again"
     )
-    record = error_record(PREEMPTED_MARKER + message, PREEMPTED_MARKER + message)
+    record = error_record(message, message, kind=RecordKind.PREEMPTED)
     write_error_file(record, keep_existing=True)  # an error the script recorded stays the cause
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # the main thread may be inside a write
@@ -138,8 +137,9 @@ def record_finished() -> None:
     Example:
         >>> record_finished()  # no launcher: no-op
     """
-    headline = FINISHED_MARKER + "finished the script"
-    write_error_file(error_record(headline, headline), keep_existing=True)
+    headline = "finished the script"
+    record = error_record(headline, headline, kind=RecordKind.FINISHED)
+    write_error_file(record, keep_existing=True)
 
 
 def _record_exit(stop: SystemExit) -> None:

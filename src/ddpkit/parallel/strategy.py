@@ -36,7 +36,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook
 from ddpkit.parallel.compiled import compile_request, compiled, uncompiled
-from ddpkit.runtime.observers import observers
+from ddpkit.runtime.callbacks import registered_callbacks
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.watchdog import watch
 
@@ -91,8 +91,8 @@ def prepare_model(
     # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
     model, compile_options = compile_request(model, compile)
     with watch(f"prepare_model(strategy={strategy!r})"):
-        for observer in observers():  # before wrapping evens the ranks' weights out
-            observer.model_built(model)
+        for callback in registered_callbacks():  # before wrapping evens the ranks' weights out
+            callback.on_model_built(model)
         if sync_batchnorm:
             model = _convert_sync_batchnorm(model, world)
         wrapped = descriptor.wrap(model, world, options)

@@ -3,12 +3,12 @@
 torch's elastic agent gives each worker an error file (``TORCHELASTIC_ERROR_FILE``) and reads
 it back when the worker fails. Function workers write it through torch's ``record``; script
 workers write it through the excepthook :func:`install_error_file_hook` installs in
-``ddpkit.init()``; the watchdog and the preemption stop write theirs with
+``ddpkit.init()``; the watchdog, the training loop and the preemption stop write theirs with
 :func:`record_failure`. The launcher reads them (:mod:`ddpkit.launch.failures`); the layout
-and the markers are :mod:`ddpkit._core.protocol`'s.
+and the record kinds are :mod:`ddpkit._core.protocol`'s.
 
 Example:
-    >>> record_failure("hang: rank 1 did not reach all_reduce", "...")  # no launcher: no-op
+    >>> record_failure("rank 1 did not reach all_reduce", "...", RecordKind.HANG)  # no-op here
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import traceback
 from types import TracebackType
 
 from ddpkit._core.log import EVERY_RANK, logger
-from ddpkit._core.protocol import ERROR_FILE_ENV, error_record, write_error_file
+from ddpkit._core.protocol import ERROR_FILE_ENV, RecordKind, error_record, write_error_file
 from ddpkit._core.torcherrors import summarize_mismatch
 
 
@@ -50,13 +50,15 @@ def install_error_file_hook() -> None:
     sys.excepthook = hook
 
 
-def record_failure(message: str, details: str) -> None:
-    """Write this worker's failure where torch's elastic agent (and ddpkit run) read it.
+def record_failure(message: str, details: str, kind: RecordKind = RecordKind.ERROR) -> None:
+    """Write this worker's failure (or stop, or state) where torch's elastic agent and ddpkit
+    run read it.
 
     A no-op outside an elastic launch. ``message`` is the headline; ``details`` is the text
-    (a traceback, a hang report) the launcher prints for the rank it blames.
+    (a traceback, a hang report) the launcher prints for the rank it blames; ``kind`` what
+    the record is. A state record (training) never replaces a failure already written.
 
     Example:
-        >>> record_failure("preempted: stopped by SIGTERM", "...")  # no launcher: no-op
+        >>> record_failure("stopped by SIGTERM", "...", RecordKind.PREEMPTED)  # no-op here
     """
-    write_error_file(error_record(message, details))
+    write_error_file(error_record(message, details, kind=kind), keep_existing=kind.is_state)

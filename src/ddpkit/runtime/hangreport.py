@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit._core.protocol import HANG_MARKER, SAME_CALLS_FIX
+from ddpkit._core.protocol import SAME_CALLS_FIX
 from ddpkit._core.text import ranks_text
 
 State = dict[str, Any]
@@ -114,7 +114,7 @@ def _headline(
     own: State, rank: int, timeout_s: float, missing: list[int], finished: list[int]
 ) -> str:
     text = (
-        f"{HANG_MARKER}rank {rank} waited {own.get('for_s', 0):.0f} s in {own.get('doing')} "
+        f"hang: rank {rank} waited {own.get('for_s', 0):.0f} s in {own.get('doing')} "
         f"(hang timeout {timeout_s:.0f} s)"
     )
     if finished:

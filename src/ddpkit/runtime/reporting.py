@@ -1,8 +1,9 @@
 """Metrics a run reports for ``ddpkit bench``: one JSON line per record, written by rank 0.
 
 ``ddpkit bench`` sets ``DDPKIT_METRICS_FILE`` for the runs it starts; without it, reporting
-does nothing, so a script behaves the same inside and outside a benchmark. The Trainer reports
-its set-up once and every epoch's metrics; a hand-written loop calls :func:`report` itself.
+does nothing, so a script behaves the same inside and outside a benchmark. The training loop
+reports its set-up once and every epoch's metrics (:class:`BenchReport`, a callback of every
+run); a loop of your own without ``TrainLoop`` calls :func:`report` itself.
 
 Example:
     >>> import json, os, tempfile
@@ -23,6 +24,7 @@ from typing import Any
 
 from ddpkit._core.protocol import METRICS_ENV
 from ddpkit.errors import ConfigError
+from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
 
 KINDS = ("setup", "epoch")
@@ -59,3 +61,18 @@ def read_reports(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
+
+
+class BenchReport(Callback):
+    """What ``ddpkit bench`` reads of a run: its set-up, then each epoch's metrics (rank 0).
+
+    Example::
+
+        TrainLoop(...)   # holds one; it writes only when bench set DDPKIT_METRICS_FILE
+    """
+
+    def on_fit_start(self, trainer: Any) -> None:
+        report("setup", **trainer.setup.record())
+
+    def on_train_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        report("epoch", **metrics)

@@ -37,7 +37,7 @@ from typing import Any
 from torch._C._distributed_c10d import PrefixStore, Store
 
 from ddpkit._core.log import EVERY_RANK, logger
-from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV
+from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV, RecordKind
 from ddpkit._core.system import flush_and_exit
 from ddpkit._core.tracefold import thread_stack
 from ddpkit.errors import ConfigError
@@ -181,7 +181,7 @@ class Watchdog:
         shown = report.splitlines()[0] if ERROR_FILE_ENV in os.environ else report
         logger.error(shown, extra=EVERY_RANK)
         _dump_all_stacks(self.rank)
-        record_failure(report.splitlines()[0], report)
+        record_failure(report.splitlines()[0], report, RecordKind.HANG)
         self._store_call(lambda s: s.set(_REPORTED, "1"), default=None)
         self._leave()
 
@@ -191,7 +191,7 @@ class Watchdog:
         line = f"rank {self.rank}: hang reported by {reporter}; here: {describe_activity(state)}"
         logger.error(line, extra=EVERY_RANK)
         _dump_all_stacks(self.rank)
-        record_failure(line, line)
+        record_failure(line, line, RecordKind.HANG_ANSWER)
         deadline = timedelta(seconds=self.grace_s + 2 * self.poll_s)
         self._store_call(lambda s: s.wait([_REPORTED], deadline), default=None)
         self._leave()

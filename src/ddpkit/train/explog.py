@@ -1,17 +1,14 @@
 """Experiment logs: TensorBoard event files and a CSV of the same points, from rank 0 only.
 
-``Trainer(log_dir="runs/x/logs")`` writes, at every optimizer step, the step's loss (rank
-0's latest batch), learning rate(s) and throughput (samples/s over all ranks), and at every
-epoch's end the epoch's metrics (reduced over ranks, validation included): as TensorBoard
-scalars (``tensorboard --logdir runs/x/logs``, readable while the job runs) and as rows
-``step,tag,value,wall_time`` of ``metrics.csv``. A hand-written loop logs through
-:class:`ExperimentLog` itself.
-
-A resumed run continues the same curves: the points an interrupted run wrote after the
-checkpoint it resumes from are dropped (TensorBoard's ``purge_step``, and the CSV rewritten
-without them), and everything up to a checkpoint is flushed when it is saved, so a
-``kill -9`` leaves neither a gap nor a duplicate. TensorBoard is an optional extra
-(``pip install "ddpkit[logs]"``); without it only the CSV is written, and ddpkit says so.
+``log_dir=`` (the Trainer's or ``TrainLoop``'s built-in :class:`ExperimentLogCallback`)
+writes at every optimizer step the step's metrics (rank 0's), learning rate(s) and samples/s,
+and at every epoch's end its metrics reduced over ranks: as TensorBoard scalars and as rows
+``step,tag,value,wall_time`` of ``metrics.csv``; ``TrainLoop.log`` adds points of your own
+(the first point of a tag at a step stays). A resumed run continues the curves: points
+written after the checkpoint it resumes from are dropped (TensorBoard's ``purge_step``; the
+CSV rewritten), and the log is flushed at every checkpoint, so a ``kill -9`` leaves neither a
+gap nor a duplicate. Under ``ddpkit verify``, ``bench`` and ``doctor --run`` the folder is the
+tool's scratch. Without TensorBoard (``pip install "ddpkit[logs]"``) only the CSV is written.
 
 Example:
     >>> import tempfile, ddpkit
@@ -35,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from ddpkit._core.log import logger
+from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
+from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
-from ddpkit.train.callbacks import Callback
 
 CSV_NAME = "metrics.csv"
 _COLUMNS = ["step", "tag", "value", "wall_time"]
@@ -60,19 +58,26 @@ class ExperimentLog:
         self.folder = Path(log_dir)
         self.csv_path = self.folder / CSV_NAME
         self._writer: Any = None
-        self._rows: Any = None
+        self._file: Any = None
+        self._at: tuple[int, set[str]] = (-1, set())  # the step last logged, and its tags
         if not is_main():
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._rows = _csv_continued(self.csv_path, resume_step)
+        self._file = _csv_continued(self.csv_path, resume_step)
+        self._rows = csv.writer(self._file)
         self._writer = _tensorboard_writer(self.folder, resume_step) if tensorboard else None
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """One point per metric (numbers or one-element tensors) at ``step``."""
-        if self._rows is None:
+        if self._file is None:
             return
+        if self._at[0] != step:
+            self._at = (step, set())
         now = time.time()
         for tag, value in metrics.items():
+            if tag in self._at[1]:
+                continue
+            self._at[1].add(tag)
             number = float(value.detach() if hasattr(value, "detach") else value)
             self._rows.writerow([step, tag, repr(number), f"{now:.3f}"])
             if self._writer is not None:
@@ -81,8 +86,8 @@ class ExperimentLog:
     def flush(self) -> None:
         """Everything logged so far onto disk (at each checkpoint: a crash loses nothing
         that the resumed run will not log again)."""
-        if self._rows is not None:
-            self._rows.file.flush()
+        if self._file is not None:
+            self._file.flush()
         if self._writer is not None:
             self._writer.flush()
 
@@ -91,35 +96,21 @@ class ExperimentLog:
         self.flush()
         if self._writer is not None:
             self._writer.close()
-        if self._rows is not None:
-            self._rows.file.close()
-        self._writer = self._rows = None
+        if self._file is not None:
+            self._file.close()
+        self._writer = self._file = None
 
 
-class _Rows:
-    """A csv writer that keeps its file at hand."""
-
-    def __init__(self, file: Any) -> None:
-        self.file = file
-        self._writer = csv.writer(file)
-
-    def writerow(self, row: list[Any]) -> None:
-        self._writer.writerow(row)
-
-
-def _csv_continued(path: Path, resume_step: int) -> _Rows:
-    """The CSV opened for appending, without the rows of steps after ``resume_step``."""
+def _csv_continued(path: Path, resume_step: int) -> Any:
+    """The CSV (its header and rows of steps up to ``resume_step`` kept), open for more."""
     kept: list[list[str]] = []
     if path.exists():
         with path.open(newline="") as old:
             kept = [row for row in csv.reader(old) if row and row[0].isdigit()]
         kept = [row for row in kept if int(row[0]) <= resume_step]
     file = path.open("w", newline="")
-    rows = _Rows(file)
-    rows.writerow(_COLUMNS)
-    for row in kept:
-        rows.writerow(row)
-    return rows
+    csv.writer(file).writerows([_COLUMNS, *kept])
+    return file
 
 
 def _tensorboard_writer(folder: Path, resume_step: int) -> Any:
@@ -135,21 +126,11 @@ def _tensorboard_writer(folder: Path, resume_step: int) -> Any:
     return SummaryWriter(str(folder), purge_step=resume_step + 1, flush_secs=10)
 
 
-def experiment_log(log_dir: str | os.PathLike[str] | None) -> list[Callback]:
-    """The Trainer's experiment-log callback for ``log_dir`` (none without one).
+class ExperimentLogCallback(Callback):
+    """What a run logs, and when: the built-in callback of ``log_dir=...``.
 
     Example:
-        >>> experiment_log(None)
-        []
-    """
-    return [] if log_dir is None else [ExperimentLogger(log_dir)]
-
-
-class ExperimentLogger(Callback):
-    """What the Trainer logs, and when: the callback ``Trainer(log_dir=...)`` adds.
-
-    Example:
-        >>> ExperimentLogger("runs/x/logs").rank_zero_only
+        >>> ExperimentLogCallback("runs/x/logs").rank_zero_only
         True
     """
 
@@ -159,7 +140,10 @@ class ExperimentLogger(Callback):
         self._step, self._since, self._samples = 0, time.perf_counter(), 0
 
     def on_fit_start(self, trainer: Any) -> None:
-        self.log = ExperimentLog(self.log_dir, resume_step=trainer.step)
+        folder = resolve_log_dir(self.log_dir)
+        if folder != Path(self.log_dir):
+            logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
+        self.log = ExperimentLog(folder, resume_step=trainer.step)
         self._step, self._since, self._samples = trainer.step, time.perf_counter(), 0
 
     def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:

@@ -1,8 +1,7 @@
-"""Your own training loop, with the Trainer's guarantees: ``TrainLoop``.
+"""The training loop, once: ``TrainLoop``, which a hand-written loop drives and the Trainer is.
 
-For users who keep their ``for batch in loader:`` loop (Lightning Fabric's and HF
-Accelerate's way) and still want ddpkit's checkpoints, stop handling, loss checks and hang
-labels. Give it what to checkpoint, iterate through it, and mark the backward and the update:
+A hand-written loop (Fabric's and Accelerate's way) gives it what to checkpoint, iterates
+through it and marks the backward and the update; ``Trainer.fit`` is this loop with a step:
 
 .. code-block:: python
 
@@ -10,28 +9,18 @@ labels. Give it what to checkpoint, iterate through it, and mark the backward an
                             checkpoint_dir="runs/x", save_every_steps=50)
     for epoch in loop.epochs(10):             # resumes where a checkpoint left off
         for x, y in loop.batches(train):      # on the device; a resumed epoch skips what it did
-            loss = F.cross_entropy(model(x), y)
-            loop.backward(loss)               # loss.backward(), with the NaN/inf check
-            loop.optimizer_step(opt)          # guard's verdict, opt.step(), opt.zero_grad()
+            with loop.autocast():             # precision="bf16"/"fp16"; fp32: nothing
+                loss = F.cross_entropy(model(x), y)
+            loop.backward(loss)               # the NaN/inf check, accumulation, loss scaling
+            loop.optimizer_step(opt)          # the guard's verdict, opt.step(), opt.zero_grad()
             sched.step()
 
-What you get:
-
-- **Checkpoints with exact resume.** Every ``save_every`` epochs / ``save_every_steps``
-  steps and at the end, written atomically by rank 0 (FSDP: every rank its shards): the
-  models (unwrapped), optimizers, any entry with ``state_dict()`` (a scheduler, an EMA), plain
-  values (a step counter) and every rank's random state and loader position. A new run
-  resumes by itself, part-way through an epoch included, to bit-identical parameters. A
-  checkpoint is taken only at a step boundary: when the loop body that called
-  ``optimizer_step`` has finished (so your ``sched.step()`` is in it).
-- **Stop requests.** SIGTERM / SIGUSR1: every rank checkpoints at the same step and exits
-  with code 75; running the same command again resumes.
-- **Loss checks.** ``backward(loss)`` notes the loss; ``optimizer_step`` raises
-  :class:`~ddpkit.errors.NonFiniteLossError` naming the step and rank before a NaN/inf update
-  (``nonfinite_loss="skip"``: every rank skips that step).
-- **Hang labels and verify.** The watchdog names the step and the phase (loading the batch,
-  your loop body, backward + gradient all-reduce, optimizer step), and ``ddpkit verify``
-  follows the loop through these calls.
+Both faces get the same steps: exact resume (mid-epoch too), stop signals (every rank saves
+at the same step, exit 75), the NaN/inf guard, accumulation, precision, uneven ranks under
+torch's ``Join``, the watchdog's labels, the epoch line (the loss given to ``backward``, or
+what :meth:`TrainLoop.record` got, over all ranks), logs, callbacks, ``ddpkit verify``. A
+checkpoint is taken once the body that called ``optimizer_step`` has finished (so your
+``sched.step()`` is in it).
 
 Example:
     >>> import torch, ddpkit
@@ -41,10 +30,13 @@ Example:
     >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> data = torch.utils.data.TensorDataset(torch.ones(4, 2), torch.zeros(4, 1))
     >>> loop = TrainLoop({"model": model, "optimizer": opt})
-    >>> for epoch in loop.epochs(2):
+    >>> for epoch in loop.epochs(2):  # doctest: +ELLIPSIS
     ...     for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
     ...         loop.backward(torch.nn.functional.mse_loss(model(x), y))
     ...         loop.optimizer_step(opt)
+    ddpkit: training an unwrapped model; global batch 2 = 2 per device x 1 rank; lr 0.1; fp32
+    epoch 1/2  loss ...
+    epoch 2/2  loss ...
     >>> loop.step, loop.epoch
     (4, 2)
     >>> ddpkit.shutdown()
@@ -52,42 +44,54 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sized
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
+from typing import Any, NoReturn
 
 import torch
-from torch import nn
 
+from ddpkit._core.log import logger
+from ddpkit._core.protocol import RecordKind
 from ddpkit._core.validate import check_positive_int
+from ddpkit.checkpoint.files import Position
 from ddpkit.data.batches import to_device
+from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.group import ModelGroup
-from ddpkit.parallel.strategy import strategy_of
+from ddpkit.runtime.callbacks import Callback
+from ddpkit.runtime.errorfile import record_failure
+from ddpkit.runtime.reporting import BenchReport
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
-from ddpkit.train.callbacks import Callbacks
-from ddpkit.train.explog import ExperimentLogger
-from ddpkit.train.guards import NonFiniteLoss, StepGuard
-from ddpkit.train.monitor import StepMonitor
+from ddpkit.train.checkpointer import Checkpointer
+from ddpkit.train.console import Console, RunSetup
+from ddpkit.train.events import Events
+from ddpkit.train.explog import ExperimentLogCallback
+from ddpkit.train.guard import StepGuard, join_unless, uneven_shares
+from ddpkit.train.monitor import StepMonitor, backward_label
+from ddpkit.train.options import (
+    CheckpointOptions,
+    LogOptions,
+    LoopOptions,
+    NonFiniteLoss,
+    Precision,
+)
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.progress import EpochProgress
-from ddpkit.train.resume import Checkpointer
-from ddpkit.train.startup import setup_record
-from ddpkit.train.updates import Updates
+from ddpkit.train.state import RunState
+from ddpkit.train.stop import Stop, StopKind, StopSignals, leave
+from ddpkit.train.update import Updater
 
 
-class TrainLoop(Updates):
-    """A hand-written loop's checkpoints, resume, stop requests and checks; see the module
-    docstring.
-
-    ``state`` names what to checkpoint: the models (``nn.Module``) and optimizers it holds
-    are saved as the Trainer saves them, every other entry as :mod:`ddpkit.train.stateful`
-    says (objects with ``state_dict()`` in place, plain values put back into ``state``).
+class TrainLoop:
+    """The training loop and its parts. ``state`` names what to checkpoint: its models and
+    optimizers, and other entries as :mod:`ddpkit.train.state` says (plain values put back
+    into your dict). The keywords are the Trainer's (:mod:`ddpkit.train.options`).
 
     Example::
 
-        loop = TrainLoop({"model": model, "optimizer": opt, "step_count": 0}, "runs/x")
+        loop = TrainLoop({"model": model, "optimizer": opt, "seen": 0}, "runs/x",
+                         save_every_steps=50, accumulate=4, precision="bf16")
     """
 
     def __init__(
@@ -98,66 +102,92 @@ class TrainLoop(Updates):
         save_every: int | None = None,
         save_every_steps: int | None = None,
         keep_last: int | None = 3,
+        accumulate: int = 1,
+        precision: Precision = "fp32",
+        clip_grad_norm: float | None = None,
         nonfinite_loss: NonFiniteLoss = "error",
         check_replicas_every: int | None = None,
+        log_every: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
+        callbacks: Sequence[Callback] = (),
     ) -> None:
-        checkpoints = Checkpointer.configured(
-            checkpoint_dir, save_every, save_every_steps, keep_last
-        )
-        models, optimizers, rest = _split_state(state)
-        super().__init__(_one_or_named(models), _one_or_named(optimizers), None, rest)
-        self.world = current_world()
-        self.model = next(iter(models.values())) if len(models) == 1 else ModelGroup(models)
-        self.strategy = strategy_of(self.model)
-        self.precision = MixedPrecision("fp32", self.world.device)
-        self._logger = ExperimentLogger(log_dir) if log_dir is not None else None
-        self.callbacks = Callbacks([self._logger] if self._logger else [])  # flushes at saves
-        self.checkpoints = checkpoints
-        self._user_state = state
-        self._guard = StepGuard(nonfinite_loss, exchange_stops=checkpoints is not None)
-        self._monitor = StepMonitor(self.model, check_replicas_every)
-        self._progress: EpochProgress | None = None
-        self._epoch_running: int | None = None
-        self._loader: Any = None
-        self._stepped = False  # an optimizer step since the last step boundary
-        self._started = False
+        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last)
+        options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
+                              check_replicas_every)  # fmt: skip
+        logging = LogOptions(log_every, log_dir)
+        self._assemble(RunState.from_dict(state), saving, options, logging, callbacks)
 
-    def epochs(self, epochs: int) -> Iterator[int]:
-        """The epochs still to train, from 0; resumes from the newest checkpoint first.
-
-        After each epoch's body (your evaluation included) the epoch's checkpoint is
-        written when one is due.
-        """
-        check_positive_int("epochs", epochs)
-        self._progress = self.checkpoints.resume(self, None) if self.checkpoints else None
-        self.callbacks.call("on_fit_start", self)  # the experiment log continues from here
-        self._started = False  # the watchers hear of the start with the first loader
-        seed = configured_seed()
-        if seed is not None:  # as the Trainer does; a resumed epoch restores its own
-            seed_rank_streams(seed, self.world.rank)
-        with self._catching_stop_signals():
-            for epoch in range(self.epoch, epochs):
-                self._epoch_running = epoch
-                yield epoch
-                self._end_epoch(epoch, epochs)
-        self._epoch_running = None
-        self._monitor.fit_finished(self.model, self.step)
-        self.callbacks.call("on_fit_end", self)
-
-    def log(self, metrics: Mapping[str, Any]) -> None:
-        """Log ``metrics`` (numbers or one-element tensors) at the current step to the
-        ``log_dir`` given (TensorBoard and CSV, rank 0 only; a resumed run continues the
-        curves). Without a ``log_dir``, a ConfigError.
+    @classmethod
+    def from_options(cls, run: RunState, saving: CheckpointOptions, options: LoopOptions,
+                     logging: LogOptions, callbacks: Sequence[Callback] = ()
+                     ) -> TrainLoop:  # fmt: skip
+        """The loop over ``run`` from option objects, as the Trainer builds it.
 
         Example::
 
-            loop.log({"train/loss": loss, "train/lr": opt.param_groups[0]["lr"]})
+            TrainLoop.from_options(run, CheckpointOptions(None), LoopOptions(), LogOptions())
         """
-        if self._logger is None:
-            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=...) to write to")
-        if self._logger.log is not None:  # the step just taken counts before its boundary
-            self._logger.log.log(metrics, self.step + int(self._stepped))
+        loop = cls.__new__(cls)
+        loop._assemble(run, saving, options, logging, callbacks)
+        return loop
+
+    def _assemble(self, run: RunState, saving: CheckpointOptions, options: LoopOptions,
+                  logging: LogOptions, callbacks: Sequence[Callback]) -> None:  # fmt: skip
+        self.run, self.options, self.world = run, options, current_world()
+        sharded = run.strategy.sharded
+        self.precision = MixedPrecision(options.precision, self.world.device, sharded=sharded)
+        self.guard = StepGuard(options.nonfinite_loss, exchange_stops=saving.enabled)
+        self.updater = Updater(run, self.precision, self.guard, options)
+        self.checkpointer = Checkpointer(saving) if saving.enabled else None
+        self.explog = ExperimentLogCallback(logging.log_dir) if logging.log_dir else None
+        self.events = Events(callbacks, [BenchReport(), *([self.explog] if self.explog else [])])
+        self.events.owner = self  # what every hook receives: the Trainer points it at itself
+        self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
+        self.console = Console(logging.log_every)
+        self.setup: RunSetup | None = None  # how the run is set up, once it started
+        self.loader: Any = None  # the loader of the epoch in progress
+        self.stopped: Stop | None = None  # why the last run ended early (None: it did not)
+        self._epochs, self._started = 0, False
+        self._epoch_running: int | None = None  # the epoch whose body runs
+        self._progress: EpochProgress | None = None
+        self._signals: StopSignals | None = None
+        self._even = True  # every rank has as many batches this epoch
+        self._added: dict[str, float] = {}  # the epoch's metrics from outside its batches
+
+    model = property(lambda self: self.run.model, doc="The model (several: a ModelGroup).")
+    models = property(lambda self: self.run.models, doc="The models by name.")
+    optimizers = property(lambda self: self.run.optimizers, doc="Every optimizer, by name.")
+    epoch = property(lambda self: self.run.epoch, doc="Completed epochs.")
+    step = property(lambda self: self.run.step, doc="Optimizer steps taken.")
+    history = property(lambda self: self.run.history, doc="Each completed epoch's metrics.")
+    skipped_steps = property(lambda self: self.run.skipped_steps, doc="Steps skipped (NaN/inf).")
+
+    def epochs(self, epochs: int, loader: Iterable[Any] | None = None) -> Iterator[int]:
+        """The epochs still to train, from 0; resumes from the newest checkpoint first.
+
+        After each epoch's body (your evaluation included) the epoch's line is shown and its
+        checkpoint written when one is due. ``loader``: the training loader, if known now.
+        """
+        check_positive_int("epochs", epochs)
+        self._epochs, self._started, self.stopped = epochs, False, None
+        self._progress = self.checkpointer.resume(self, loader) if self.checkpointer else None
+        seed = configured_seed()
+        if seed is not None:  # augmentation and dropout differ per rank, reproducibly
+            seed_rank_streams(seed, self.world.rank)  # (a resumed epoch restores its own)
+        if loader is not None:
+            self._start(loader)
+        if self.run.epoch >= epochs:
+            logger.info(
+                f"already trained {self.run.epoch} of {epochs} epochs; nothing to do (ask for "
+                "more epochs to continue, or move the checkpoints away to train from scratch)"
+            )
+        with StopSignals(enabled=self.checkpointer is not None) as self._signals:
+            for epoch in range(self.run.epoch, epochs):
+                self._epoch_running, self._added = epoch, {}
+                yield epoch
+                self._end_epoch(epoch)
+        self._epoch_running, self._signals = None, None
+        self._finish(None)
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """This epoch's batches of ``loader``, on the rank's device; a resumed epoch starts
@@ -166,74 +196,191 @@ class TrainLoop(Updates):
             raise ConfigError(
                 "TrainLoop.batches(loader) runs inside 'for epoch in loop.epochs(N):'"
             )
-        if not self._started:
-            self._monitor.fit_started(self.model, setup_record(self, loader), self.step)
-            self._started = True
+        self._start(loader)
         progress = self._progress_for(self._epoch_running, loader)
         iterator = progress.batches_from(loader)  # tells the sampler the epoch
-        self._monitor.epoch_started(loader)
         total = len(loader) if isinstance(loader, Sized) else None
-        with self._monitor.ending():
-            for index, batch in enumerate(self._monitor.batches(iterator), start=progress.batches):
-                self._monitor.phase("the loop body")
-                yield to_device(batch, self.world.device)
-                progress.batches = index + 1
-                if self._stepped:
-                    last = index + 1 == total or getattr(iterator, "last", False)
-                    self._step_boundary(progress, last=last)
+        self._begin_epoch(loader, total, progress)
+        with join_unless(self._even, self.run.model), self.monitor.ending():
+            for index, batch in enumerate(self.monitor.batches(iterator), start=progress.batches):
+                # A stream has no total; its loader tells, one step ahead, when it ends.
+                last = index + 1 == total or bool(getattr(iterator, "last", False))
+                self.events.call("on_train_batch_start", batch)
+                self.updater.begin(index, total, last)
+                self.monitor.phase("the loop body")
+                with self.updater.gradient_sync():
+                    yield to_device(batch, self.world.device)
+                self._end_batch(progress, batch, index, last)
+        progress.end()
 
-    def state_dict(self, weights: bool = True) -> dict[str, Any]:
-        """What a checkpoint holds (see the Trainer's); your plain values are read now."""
-        self.state.update({name: self._user_state[name] for name in self.state})
-        return super().state_dict(weights)
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """The context your forward pass and loss run under (the run's ``precision``)."""
+        return self.precision.autocast()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a checkpoint; plain values go back into the dict you gave."""
-        super().load_state_dict(state)
-        self._user_state.update(self.state)
-
-    def _progress_for(self, epoch: int, loader: Any) -> EpochProgress:
-        self._loader = loader
-        if self._progress is None or self._progress.epoch != epoch:
-            self._progress = EpochProgress(epoch, loader)
-        return self._progress
-
-    def _step_boundary(self, progress: EpochProgress, last: bool) -> None:
-        """After a loop body that stepped: count the step, check, checkpoint or stop."""
-        self._stepped = False
-        stop, self._pending_stop = self._pending_stop, None
-        self.step += 1
-        self._monitor.next_step(self.step + 1)
-        self._monitor.step_done(self.model, self.step)
-        if self.checkpoints is not None:
-            self.checkpoints.step_done(self, progress, stop, last)
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()`` with the NaN/inf check, the accumulation group's share and
+        fp16's loss scaling; use it instead of ``loss.backward()``."""
+        self.monitor.phase(backward_label(self.updater.final, self.world.world_size))
+        self.updater.backward(loss)
+        if self._progress is not None:
+            self._progress.note_loss(loss)
 
     def optimizer_step(self, *optimizers: torch.optim.Optimizer) -> None:
         """The guard's verdict, then ``opt.step()`` and ``opt.zero_grad()`` for each of
-        ``optimizers`` (default: all in the state). Every rank calls it alike."""
-        super().optimizer_step(*optimizers)
-        self._stepped = True
+        ``optimizers`` (default: all). Every rank calls it alike (it may exchange flags with
+        the others). Before an accumulation group's last batch it does nothing."""
+        self.monitor.phase("optimizer step")
+        chosen = list(optimizers) or list(self.run.optimizers.values())
+        self.updater.optimizer_step(chosen, self._even, self._stop_signal())
 
-    def _end_epoch(self, epoch: int, epochs: int) -> None:
-        self.epoch = epoch + 1
-        stop = self._guard.epoch_end(self._stop_signal())
-        if self.checkpoints is not None:
-            self.checkpoints.epoch_done(self, self._loader, epochs, stop)
+    def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
+        """This batch's metrics (each a mean over ``samples``, default the batch's size) for
+        the epoch's line and history, instead of the loss given to backward."""
+        if self._progress is None:
+            raise ConfigError("TrainLoop.record(metrics) runs inside 'loop.batches(loader)'")
+        self._progress.record(dict(metrics), samples)
 
+    def add_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Metrics of the epoch in progress (a validation's), for its line and history."""
+        self._added.update(metrics)
 
-def _split_state(
-    state: dict[str, Any],
-) -> tuple[dict[str, nn.Module], dict[str, torch.optim.Optimizer], dict[str, Any]]:
-    models = {k: v for k, v in state.items() if isinstance(v, nn.Module)}
-    optimizers = {k: v for k, v in state.items() if isinstance(v, torch.optim.Optimizer)}
-    if not models or not optimizers:
-        raise ConfigError(
-            "TrainLoop's state needs the model(s) and optimizer(s) it checkpoints: "
-            "TrainLoop({'model': model, 'optimizer': opt, ...})"
-        )
-    rest = {k: v for k, v in state.items() if k not in models and k not in optimizers}
-    return models, optimizers, rest
+    def log(self, metrics: Mapping[str, Any]) -> None:
+        """Log ``metrics`` (numbers or one-element tensors) at the current step to the
+        experiment log of ``log_dir`` (rank 0; a resumed run continues the curves).
 
+        Example::
 
-def _one_or_named(objects: dict[str, Any]) -> Any:
-    return next(iter(objects.values())) if len(objects) == 1 else objects
+            loop.log({"train/grad_norm": norm})
+        """
+        if self.explog is None:
+            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=...) to write to")
+        if self.explog.log is not None:  # the step just taken counts before its boundary
+            self.explog.log.log(metrics, self.run.step + int(self.updater.stepped))
+
+    def state_dict(self, weights: bool = True) -> dict[str, Any]:
+        """What a checkpoint holds: the run's state, the grad scaler, the callbacks' entries."""
+        state = {**self.run.state_dict(weights), "grad_scaler": self.precision.state_dict()}
+        self.events.call("on_save_checkpoint", state)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; plain values go back into the state you gave."""
+        self.run.load_state_dict(state)
+        self.precision.load_state_dict(state["grad_scaler"])
+        self.events.call("on_load_checkpoint", state)
+
+    def resume(self) -> bool:
+        """Load the newest valid checkpoint now (False: there is none); ``epochs`` does it."""
+        return self.checkpointer is not None and self.checkpointer.resume(self, None) is not None
+
+    def _start(self, loader: Any) -> None:
+        """Once per run, when the loader is known: say how it is set up, then the hooks."""
+        if self._started:
+            return
+        self._started = True
+        self.setup = RunSetup.of(self.run, self.options, loader, self.world.world_size)
+        self.monitor.next_step(self.run.step + 1)
+        self._note_training("no checkpoint yet" if self.checkpointer else "no checkpoint_dir")
+        self.console.fit_started(self.setup)
+        self.events.call("on_fit_start")
+
+    def _progress_for(self, epoch: int, loader: Any) -> EpochProgress:
+        if self._progress is None or self._progress.epoch != epoch:  # else: the resumed epoch
+            self._progress = EpochProgress(epoch, loader)
+        return self._progress
+
+    def _begin_epoch(self, loader: Any, total: int | None, progress: EpochProgress) -> None:
+        self.loader = loader
+        self.events.call("on_train_epoch_start", progress.epoch + 1)
+        self.console.epoch_started(progress.epoch, self._epochs, total, progress.batches)
+        stream = isinstance(loader, StreamLoader)  # it keeps the ranks in step itself
+        spread = None if stream else uneven_shares(self.model, total, self.options.nonfinite_loss)
+        if spread and self._even:  # said when an epoch turns uneven, not every epoch
+            logger.info(
+                f"epoch {progress.epoch + 1}: {spread}; the epoch runs under torch's Join "
+                "and stop requests, step checkpoints and replica checks wait for its end"
+            )
+        self._even = spread is None
+        self.updater.zero_grad()
+
+    def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
+        metrics = progress.end_batch(batch)
+        self.console.batch_done()
+        stepped, signal = self.updater.end_group()
+        if stepped:
+            progress.batches = index + 1
+            self.monitor.next_step(self.run.step + 1)
+            limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
+            self.console.step_done(lambda: self._where(progress), metrics)
+        self.events.call("on_train_batch_end", batch, metrics)
+        if stepped:  # after the hooks: they saw the step
+            self._after_step(progress, last, limit, signal)
+
+    def _after_step(
+        self, progress: EpochProgress, last: bool, limit: Stop | None, signal: str | None
+    ) -> None:
+        """The stop (a signal any rank got saves first; the step limit does not), or the
+        step's checkpoint when due (the epoch's end writes one due at its last batch)."""
+        if signal:
+            self._preempt(signal, progress)
+        if limit is not None:
+            self._stop(limit)
+        defer = last or not self._even  # an uneven epoch's ranks cannot meet inside it
+        if self.checkpointer and self.checkpointer.due_after_step(self.run.step, defer):
+            self._save(progress)
+
+    def _end_epoch(self, epoch: int) -> None:
+        self.updater.step_schedulers("epoch")
+        progress = self._progress if self._progress and self._progress.epoch == epoch else None
+        trained = {**progress.sums.reduce(), "time_s": progress.elapsed_s} if progress else {}
+        metrics = {"epoch": float(epoch + 1), **trained, **self._added}
+        self.run.epoch = epoch + 1
+        self.events.call("on_train_epoch_end", metrics)  # may add metrics
+        self.run.history.append(metrics)
+        self.console.epoch_done(metrics, self._epochs)
+        signal = self.guard.epoch_end(self._stop_signal())
+        if signal:
+            self._preempt(signal, None)
+        if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
+            self._save(None)
+
+    def _preempt(self, signal: str, progress: EpochProgress | None) -> NoReturn:
+        """A stop signal any rank got: every rank saves here, then leaves with 75."""
+        path, where = self._save(progress), self._position(progress).describe()
+        said = f"stopped by {signal} at {where} after saving {path}; run the same command again"
+        self._stop(Stop(StopKind.PREEMPTED, said + " to resume"))
+
+    def _where(self, progress: EpochProgress) -> str:
+        total = len(self.loader) if isinstance(self.loader, Sized) else None
+        done = f"{progress.batches}/{total}" if total is not None else str(progress.batches)
+        return f"epoch {progress.epoch + 1}/{self._epochs}  batch {done}"
+
+    def _position(self, progress: EpochProgress | None) -> Position:
+        """Where the run stands: an epoch's end, or a step part-way through ``progress``."""
+        epoch, step = self.run.epoch, self.run.step
+        return Position(epoch) if progress is None else Position(epoch + 1, step)
+
+    def _save(self, progress: EpochProgress | None) -> str:
+        assert self.checkpointer is not None
+        path = self.checkpointer.save(self, self._position(progress), progress, self.loader)
+        self._note_training(f"newest checkpoint {path}")
+        return str(path)
+
+    def _note_training(self, where: str) -> None:
+        """Tell the launcher training is under way, should a stop come between steps."""
+        record_failure(where, where, RecordKind.TRAINING)
+
+    def _finish(self, stop: Stop | None) -> None:
+        """The end hooks, whether training completed or stopped early (``stop``)."""
+        self._start(None)  # nothing ran (already trained): the start hooks still come first
+        self.stopped = stop
+        self.events.call("on_fit_end")
+
+    def _stop(self, stop: Stop) -> NoReturn:
+        """Leave the loop for ``stop``: the end hooks run (logs flushed and closed), then the
+        process ends, every rank together (the one exit point of ``train/``)."""
+        self._finish(stop)
+        leave(stop)
+
+    def _stop_signal(self) -> int:
+        return self._signals.signum if self._signals is not None else 0  # outside epochs(): 0

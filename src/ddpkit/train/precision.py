@@ -1,5 +1,5 @@
-"""Mixed precision for the Trainer: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"`` (autocast +
-gradient scaling).
+"""Mixed precision for the training loop: ``"fp32"``, ``"bf16"`` (autocast) or ``"fp16"``
+(autocast + gradient scaling).
 
 bf16 keeps fp32's exponent range, so it needs no loss scaling and runs on CPU and GPU alike.
 fp16 underflows small gradients unless the loss is scaled up before ``backward`` and the
@@ -17,15 +17,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 
-from ddpkit._core.validate import check_choice
 from ddpkit.errors import ConfigError
-
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+from ddpkit.train.options import Precision
 
 
 class MixedPrecision:
@@ -79,11 +76,9 @@ class MixedPrecision:
         if self.scaler is not None:
             self.scaler.unscale_(optimizer)
 
-    def step(self, optimizer: torch.optim.Optimizer, update: bool = True) -> None:
-        """``optimizer.step()``; under fp16 skipped when gradients overflowed, scale updated.
-
-        With several optimizers in one iteration, step each with ``update=False`` and call
-        :meth:`update` once after the last (as torch's GradScaler wants).
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """``optimizer.step()``; under fp16 skipped when gradients overflowed. Call
+        :meth:`update` once after the iteration's last optimizer (as torch's GradScaler wants).
 
         Example:
             >>> weight = torch.nn.Parameter(torch.ones(1))
@@ -97,8 +92,6 @@ class MixedPrecision:
             return
         self.scaler.step(optimizer)
         self._stepped = True
-        if update:
-            self.update()
 
     def update(self) -> None:
         """Update the loss scale after this iteration's optimizer steps (fp16; else nothing).
@@ -140,7 +133,7 @@ def _grad_scaler(device: torch.device, sharded: bool) -> torch.amp.GradScaler:
 
 
 def _check_supported(precision: str, device: torch.device) -> None:
-    check_choice("precision", precision, PRECISIONS)
+    # The name was checked with the other options; here, whether this device can run it.
     if precision == "fp16" and device.type != "cuda":
         raise ConfigError(
             f'precision="fp16" needs a CUDA device (its loss scaling is GPU-only); this rank '

@@ -1,13 +1,10 @@
 """How far training is through the current epoch, so a checkpoint taken part-way resumes there.
 
-An epoch's position is the number of batches each rank has finished, its metric sums so far,
-and the loader's random generator as the epoch began (the DataLoader draws its workers' seeds
-from it when an epoch's iteration starts). A resumed epoch sets the same epoch on the sampler,
-puts the generator back, starts the sampler after the batches already done (a
-:class:`~ddpkit.data.loader.ResumableDistributedSampler` skips them without reading them; other
-loaders read and drop them), and restores the rank's random generators just before its first
-new batch. The epoch then ends as the uninterrupted one would: same samples, same draws, same
-metric totals.
+An epoch's position is the batches each rank has finished, its metric sums so far, and the
+loader's random generator as the epoch began (it seeds the DataLoader's workers). A resumed
+epoch sets the same epoch on the sampler, puts the generator back, starts after the batches
+done (ddpkit's sampler skips them unread; other loaders read and drop them), and restores the
+rank's random generators before its first new batch: it ends as the uninterrupted one would.
 
 Example:
     >>> import torch, ddpkit
@@ -31,11 +28,12 @@ from typing import Any
 import torch
 
 from ddpkit.checkpoint.rngstate import restore_rng
+from ddpkit.data.batches import batch_size_of
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
 from ddpkit.data.stream import StreamLoader
 from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
-from ddpkit.train.metrics import MetricSums
+from ddpkit.train.steps import MetricSums
 
 
 class EpochProgress:
@@ -54,15 +52,39 @@ class EpochProgress:
         self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
         self.batches = 0
         self.sums = MetricSums(current_world().device)
+        self._loss: torch.Tensor | None = None  # the batch's losses given to backward
+        self._recorded: tuple[dict[str, Any], Any] | None = None  # the batch's own metrics
         self.generator_state = loader_generator_state(loader)  # before this epoch draws from it
         self.rng: dict[str, Any] | None = None  # restored just before the first new batch
         self._elapsed_before = 0.0
         self._started = time.perf_counter()
+        self._ended: float | None = None  # when the epoch's last batch was done
 
     @property
     def elapsed_s(self) -> float:
-        """Seconds spent in this epoch, before an interruption included."""
-        return self._elapsed_before + time.perf_counter() - self._started
+        """Seconds spent on this epoch's batches, before an interruption included."""
+        return self._elapsed_before + (self._ended or time.perf_counter()) - self._started
+
+    def end(self) -> None:
+        """The epoch's batches are done: its clock stops (evaluation is not training time)."""
+        self._ended = time.perf_counter()
+
+    def note_loss(self, loss: torch.Tensor) -> None:
+        """A loss the batch gave to backward (several: their sum), its metric by default."""
+        detached = loss.detach()
+        self._loss = detached if self._loss is None else self._loss + detached
+
+    def record(self, metrics: dict[str, Any], samples: Any) -> None:
+        """The batch's own metrics, each a mean over ``samples`` (None: the batch's size)."""
+        self._recorded = (metrics, samples)
+
+    def end_batch(self, batch: Any) -> dict[str, Any]:
+        """Add the batch's metrics (recorded, else its loss) to the sums; returns them."""
+        loss = {} if self._loss is None else {"loss": self._loss}
+        metrics, samples = self._recorded or (loss, None)
+        self.sums.add(metrics, samples if samples is not None else batch_size_of(batch))
+        self._loss, self._recorded = None, None
+        return metrics
 
     def batches_from(self, loader: Any) -> Iterator[Any]:
         """The epoch's batches from where it stands."""
@@ -107,22 +129,8 @@ class EpochProgress:
         self.epoch = int(state["epoch"])
         self.batches = int(state["batches"])
         if is_main():
-            self.sums.load(*_saved_sums(state))
+            self.sums.load(list(state["metric_names"]), state["metric_sums"])
         self._elapsed_before = float(state["elapsed_s"])
-
-
-def _saved_sums(state: dict[str, Any]) -> tuple[list[str], torch.Tensor]:
-    """The saved metric names and ``[samples, *sums]``; also from checkpoints written before
-    steps could report their own metrics (``[loss*n, n, correct, top-5 correct]``)."""
-    if "metric_names" in state:
-        return list(state["metric_names"]), state["metric_sums"]
-    old = state["metric_sums"].tolist()
-    names = ["loss", "accuracy", "top5_accuracy"][
-        : 1 + bool(state["classifier"]) + bool(state.get("top5"))
-    ]
-    return names, torch.tensor(
-        [old[1], old[0], old[2], old[3]][: len(names) + 1], dtype=torch.float64
-    )
 
 
 def loader_generator_state(loader: Any) -> torch.Tensor | None:

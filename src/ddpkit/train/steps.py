@@ -1,25 +1,27 @@
-"""The step contract: what a training or validation step receives and returns.
+"""The step contract: what a step receives and returns, and how its metrics add up over ranks.
 
 A step receives one batch, already on the rank's device (any structure, see
 :mod:`ddpkit.data.batches`), and returns one of:
 
-- a loss tensor (training: the Trainer calls ``backward()`` on it and steps the optimizers);
+- a loss tensor (training: the loop calls ``backward()`` on it and steps the optimizers);
 - a mapping of metrics, each a mean over the batch's samples: ``{"loss": loss, "accuracy":
   acc}``; the training step's ``"loss"`` is the one backpropagated, an optional
   ``"samples"`` says how many samples (or tokens) the means are over;
 - None, from a training step that called ``trainer.backward`` and ``trainer.optimizer_step``
   itself (manual optimization, e.g. a GAN's two updates) and has nothing to report.
 
-Every value is summed over ranks weighted by its sample count (:mod:`ddpkit.train.metrics`)
-and shown in the epoch line. The default steps are the classifier's: a batch is ``(inputs,
-targets)``, the loss is ``loss_fn(model(inputs), targets)``, and accuracy (and top-5 accuracy
-with more than 5 classes) is reported.
+Each rank sums ``value * samples`` on its device (:class:`MetricSums`, no ``.item()`` per
+step); at the epoch's end one all-reduce makes them the global means one process computes.
+The default steps are the classifier's: ``loss_fn(model(inputs), targets)``, accuracy, and
+top-5 accuracy with more than 5 classes (the ImageNet tutorials' Acc@5).
 
 Example:
-    >>> import torch
     >>> result = read_step_output(torch.tensor(0.5), torch.zeros(4, 2), "training_step", True)
-    >>> result.metrics, result.samples
-    ({'loss': tensor(0.5000)}, 4)
+    >>> sums = MetricSums(torch.device("cpu"))
+    >>> sums.add(result.metrics, result.samples)
+    >>> sums.add({"loss": torch.tensor(2.0)}, samples=1)
+    >>> sums.reduce()
+    {'loss': 0.8, 'samples': 5.0}
 """
 
 from __future__ import annotations
@@ -33,7 +35,156 @@ from torch import nn
 
 from ddpkit.data.batches import batch_size_of
 from ddpkit.errors import ConfigError
-from ddpkit.train.metrics import SAMPLES
+from ddpkit.runtime.collectives import all_gather_rows, all_reduce_sum
+
+SAMPLES = "samples"  # the count the step's means are over, and the total in the results
+
+
+class MetricSums:
+    """Per-rank running sums of ``value * samples`` by metric name, on the device.
+
+    Example:
+        >>> MetricSums(torch.device("cpu")).reduce()  # nothing added
+        {}
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.names: list[str] = []  # in the order they first appeared
+        self._sums = torch.zeros(1, dtype=torch.float64, device=device)  # [samples, *names]
+        self._pending: list[tuple[Any, ...]] = []  # (samples, *values) of batches not folded
+
+    @property
+    def sums(self) -> torch.Tensor:
+        """``[samples, *value * samples]`` so far, one entry per name."""
+        self._fold()
+        return self._sums
+
+    def add(self, values: Mapping[str, Any], samples: int | float | torch.Tensor) -> None:
+        """Add one step's means (tensors or numbers), each over ``samples`` samples.
+
+        Example:
+            >>> sums = MetricSums(torch.device("cpu"))
+            >>> sums.add({"loss": torch.tensor(0.25)}, samples=4)
+            >>> sums.sums.tolist()  # samples, loss * samples
+            [4.0, 1.0]
+        """
+        if list(values) != self.names:
+            self._make_room(values)
+        row = [_one_number(values.get(name, 0.0)) for name in self.names]
+        self._pending.append((_one_number(samples), *row))
+        if len(self._pending) >= _FOLD_EVERY:
+            self._fold()
+
+    def reduce(self) -> dict[str, float]:
+        """Global means over every rank's samples (a collective: all ranks call it).
+
+        ``samples`` is the total count. Ranks that saw different metric names (one had no
+        batch) agree on the union first.
+
+        Example:
+            >>> sums = MetricSums(torch.device("cpu"))
+            >>> sums.add({"loss": 0.5}, samples=2)
+            >>> sums.reduce()  # a world of one: these are the global means
+            {'loss': 0.5, 'samples': 2.0}
+        """
+        names, totals = self.reduced_sums()
+        count = totals[0]
+        if count == 0:
+            return {}
+        means = {name: total / count for name, total in zip(names, totals[1:], strict=True)}
+        first = {name: means.pop(name) for name in names[:1]}  # "loss" leads, as it always did
+        return {**first, SAMPLES: count, **means}
+
+    def reduced_sums(self) -> tuple[list[str], list[float]]:
+        """The names all ranks agreed on and the summed ``[samples, *sums]`` (a collective).
+
+        Example:
+            >>> sums = MetricSums(torch.device("cpu"))
+            >>> sums.add({"loss": 1.0}, samples=3)
+            >>> sums.reduced_sums()
+            (['loss'], [3.0, 3.0])
+        """
+        names = agreed_names(self.names)
+        return names, all_reduce_sum(self.aligned(names)).tolist()
+
+    def aligned(self, names: list[str]) -> torch.Tensor:
+        """This rank's sums in the order of ``names`` (zero for names it never saw)."""
+        sums, position = self.sums, {name: i + 1 for i, name in enumerate(self.names)}
+        rows = [sums[0]] + [
+            sums[position[n]] if n in position else sums.new_zeros(()) for n in names
+        ]
+        return torch.stack(rows)
+
+    def load(self, names: list[str], sums: torch.Tensor) -> None:
+        """Add saved ``[samples, *sums]`` for ``names`` (a resumed epoch's totals so far)."""
+        self._make_room(dict.fromkeys(names))
+        saved = sums.to(self._sums)
+        self._sums[0] += saved[0]
+        for i, name in enumerate(names):
+            self._sums[self.names.index(name) + 1] += saved[i + 1]
+
+    def _make_room(self, values: Mapping[str, Any]) -> None:
+        self._fold()  # the waiting rows have the old names
+        for name in values:
+            if not isinstance(name, str):
+                raise ConfigError(f"metric names must be strings; got {name!r}")
+            if name not in self.names and name != SAMPLES:
+                self.names.append(name)
+                self._sums = torch.cat([self._sums, self._sums.new_zeros(1)])
+
+    def _fold(self) -> None:
+        """Add the waiting batches to the sums: one stack per column, not ops per batch."""
+        if not self._pending:
+            return
+        block = torch.stack([self._column(c) for c in zip(*self._pending, strict=True)])
+        self._pending = []
+        self._sums[0] += block[0].sum()
+        if len(block) > 1:
+            self._sums[1:] += (block[1:] * block[0]).sum(dim=1)
+
+    def _column(self, values: tuple[Any, ...]) -> torch.Tensor:
+        """One metric's values over the waiting batches, as float64 on the device."""
+        if not any(isinstance(v, torch.Tensor) for v in values):
+            return torch.tensor(values, dtype=torch.float64, device=self.device)
+        parts = [v if isinstance(v, torch.Tensor) else torch.tensor(v, dtype=torch.float64)
+                 for v in values]  # fmt: skip
+        if len({(p.dtype, p.device) for p in parts}) > 1:  # mixed: convert each, rarely
+            parts = [p.to(self.device, torch.float64) for p in parts]
+        return torch.stack(parts).to(self.device, torch.float64)
+
+
+_FOLD_EVERY = 64  # batches whose values wait before they are added to the sums
+
+
+def _one_number(value: Any) -> Any:
+    """A metric value as a 0-dim tensor (not waited for) or a float; anything else refused."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ConfigError(
+                f"a step's metric must be one number (a mean); got a tensor of shape "
+                f"{list(value.shape)}: reduce it first, e.g. with .mean()"
+            )
+        return value.detach().reshape(())
+    return float(value)
+
+
+def agreed_names(mine: list[str]) -> list[str]:
+    """The union of every rank's metric names, in rank 0's order then the others' (a
+    collective; in a world of one, ``mine``).
+
+    Example:
+        >>> agreed_names(["loss", "accuracy"])
+        ['loss', 'accuracy']
+    """
+    encoded = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8)
+    union: list[str] = []
+    for rows in all_gather_rows(encoded):
+        for name in bytes(rows.tolist()).decode().split("\n"):
+            if name and name not in union:
+                union.append(name)
+    return union
+
 
 StepOutput = torch.Tensor | Mapping[str, Any] | None
 StepFn = Callable[[Any], StepOutput]

@@ -3,6 +3,7 @@ figures are asserted here; they are measured side by side by the benchmarks them
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,8 @@ def test_parity_benchmark_reports_every_variant() -> None:
     out = run_benchmark("benchmarks/parity.py", "--tiny")
     for row in ("| cnn | single |", "| cnn | raw |", "| cnn | ddpkit |", "| mlp | ddpkit tuned |"):
         assert row in out
-    ratios = [line.split("|")[4].strip() for line in out.splitlines() if "| ddpkit" in line]
+    rows = [line.split("|") for line in out.splitlines() if "| ddpkit" in line]
+    ratios = [row[4].strip() for row in rows] + [row[5].strip() for row in rows]  # median, fastest
     assert all(float(r) > 0 for r in ratios)
 
 
@@ -77,3 +79,9 @@ def test_import_cost_benchmark_prints_ddpkits_share() -> None:
     extra = float(out.split("ddpkit's training API over torch:")[1].split()[0])
     print(f"ddpkit's training API over torch: {extra:+.3f} s (one run; measure with --repeat 7)")
     assert "import ddpkit" in out and -5 < extra < 5
+
+
+def test_loop_overhead_benchmark_reports_each_way() -> None:
+    out = run_benchmark("benchmarks/loop_overhead.py", "--rounds", "1", "--samples", "256")
+    for way in ("plain", "trainer", "loop"):
+        assert re.search(rf"{way} +\d+\.\d us/step", out), out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -12,15 +13,17 @@ from helpers.launch_helpers import REPO, ddpkit_cli, snapshot
 pytestmark = pytest.mark.multiproc
 
 
-def test_wine_example_passes_with_every_check(tmp_path: Path, user_checkpoints: Path) -> None:
-    """In a folder where the script's checkpoints of an earlier run lie: verify's runs start
-    from nothing, as in a clean folder, and leave those checkpoints as they were."""
-    before = snapshot(user_checkpoints)
+def test_wine_example_passes_with_every_check(
+    tmp_path: Path, user_checkpoints: Path, user_logs: Path
+) -> None:
+    """In a folder where the script's checkpoints and logs of an earlier run lie: verify's runs
+    start from nothing, as in a clean folder, and leave those files as they were."""
+    before = snapshot(user_checkpoints), snapshot(user_logs)
     done = ddpkit_cli(
         "verify", "examples/wine.py", "--workers", "2", "--steps", "6", "--out", str(tmp_path),
-        "--checkpoint-dir", str(user_checkpoints), timeout=240,
+        "--checkpoint-dir", str(user_checkpoints), "--log-dir", str(user_logs), timeout=240,
     )  # fmt: skip
-    assert snapshot(user_checkpoints) == before
+    assert (snapshot(user_checkpoints), snapshot(user_logs)) == before
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout
     assert "ok    global batch    64 in both (32 per device)" in lines
@@ -34,6 +37,16 @@ def test_wine_example_passes_with_every_check(tmp_path: Path, user_checkpoints: 
     assert reference["steps"] == 6  # not the earlier run's 3 epochs
     said = (tmp_path / "workers2" / "output.log").read_text()
     assert f"checkpoints go to {tmp_path}/workers2/checkpoints/" in said
+    # Each run's experiment log is whole and closed although the step limit ended the run:
+    # the loop ran its end hooks before leaving.
+    for side in ("reference", "workers2"):
+        [log] = (tmp_path / side / "logs").glob("*/metrics.csv")
+        assert logged_steps(log, "train/loss") == [1, 2, 3, 4, 5, 6], side
+
+
+def logged_steps(path: Path, tag: str) -> list[int]:
+    with path.open(newline="") as rows:
+        return [int(row["step"]) for row in csv.DictReader(rows) if row["tag"] == tag]
 
 
 def test_per_rank_seeding_fails_and_names_the_cause() -> None:

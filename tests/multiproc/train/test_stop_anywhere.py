@@ -38,3 +38,22 @@ def test_sigterm_to_the_launcher_as_it_starts_exits_75(tmp_path: Path) -> None:
     assert code == 75, err
     assert "stopped by SIGTERM" in err and "Traceback" not in err
     assert wait_for_no_processes(str(tmp_path)) == []
+
+
+def test_a_stop_that_finds_training_stuck_between_steps_is_not_called_a_start_up_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1's body is stuck, so no rank reaches a step where it could checkpoint; torch's
+    agent kills them after its shutdown timeout. They had trained three steps: the launcher
+    says so, and names the checkpoint to resume from (it said "while starting")."""
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "3")  # SIGKILL 3 s after SIGTERM
+    run = Job(["run", "--nproc", "2", str(SCRIPTS / "stuck_between_steps.py"), str(tmp_path)],
+              tmp_path)  # fmt: skip
+    wait_until((tmp_path / "stuck").exists, 90, "rank 1 to be stuck after step 3")
+    os.kill(run.process.pid, signal.SIGTERM)
+    code, _, err = run.finish()
+    assert code == 75, err
+    assert "while starting" not in err
+    assert "stopped by SIGTERM during training (newest checkpoint " in err
+    assert "epoch_000001_step_000003.pt) before they reached a step where they could" in err
+    assert wait_for_no_processes(str(tmp_path)) == []

@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 
 from ddpkit._core.protocol import (
-    HANG_MARKER,
     PREEMPTED_EXIT_CODE,
-    PREEMPTED_MARKER,
+    RecordKind,
     error_record,
     failure_recorded,
     write_error_file,
 )
 from ddpkit.errors import PreemptedError
-from ddpkit.launch.failures import error_file_texts, preemption_message
+from ddpkit.launch.failures import recorded
 from ddpkit.launch.worker import record_finished
 from ddpkit.runtime.errorfile import record_failure
 
@@ -26,26 +25,38 @@ def test_the_preemption_exit_code_is_defined_once() -> None:
 
 
 @pytest.mark.parametrize(
-    ("headline", "details"),
+    ("headline", "details", "kind"),
     [
-        (PREEMPTED_MARKER + "stopped by SIGTERM at epoch 2", PREEMPTED_MARKER + "stopped"),
-        (HANG_MARKER + "rank 0 waited 6 s in all_reduce", HANG_MARKER + "the whole report"),
+        ("stopped by SIGTERM at epoch 2", "stopped", RecordKind.PREEMPTED),
+        ("hang: rank 0 waited 6 s in all_reduce", "the whole report", RecordKind.HANG),
+        ("ValueError: x", "Traceback ...", RecordKind.ERROR),
     ],
 )
-def test_a_recorded_failure_reads_back_in_the_launcher(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headline: str, details: str
+def test_a_recorded_failure_reads_back_in_the_launcher_with_its_kind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, headline: str, details: str, kind: RecordKind
 ) -> None:
     error_file = tmp_path / "run" / "attempt_0" / "1" / "error.json"  # torch's layout
     error_file.parent.mkdir(parents=True)
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    record_failure(headline, details)
+    record_failure(headline, details, kind)
     assert json.loads(error_file.read_text())["message"]["message"] == headline
-    assert error_file_texts(tmp_path) == [details]
+    [found] = recorded(tmp_path)
+    assert (found.text, found.headline, found.kind) == (details, headline, kind)
 
 
-def test_the_launcher_recognizes_a_preemption_by_its_marker() -> None:
-    assert preemption_message(PREEMPTED_MARKER + "stopped by SIGUSR1") == "stopped by SIGUSR1"
-    assert preemption_message("ValueError: bad batch") is None
+def test_a_state_record_gives_way_to_a_failure_but_never_replaces_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    error_file = tmp_path / "run" / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    record_failure("training (epoch 1, step 0)", "training", RecordKind.TRAINING)
+    assert not failure_recorded()  # a state, not a failure
+    write_error_file(error_record("ValueError: x", "y"), keep_existing=True)  # the script's error
+    assert recorded(tmp_path)[0].kind is RecordKind.ERROR
+    record_failure("training (epoch 2, step 5)", "training", RecordKind.TRAINING)
+    record_finished()
+    assert recorded(tmp_path)[0].headline == "ValueError: x" and failure_recorded()
 
 
 def test_a_worker_that_wrote_its_error_file_is_ending_in_failure(

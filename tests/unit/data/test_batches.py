@@ -12,7 +12,7 @@ import torch
 import ddpkit
 from ddpkit.data.batches import batch_size_of, slice_batch, tensor_leaves, to_device
 from ddpkit.errors import ConfigError
-from ddpkit.train.stateful import load_entries, save_entries
+from ddpkit.train.state import load_entries, save_entries
 
 Pair = namedtuple("Pair", "inputs targets")
 

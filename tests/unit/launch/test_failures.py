@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
+import pytest
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddpkit._core.protocol import FINISHED_MARKER, error_record
+from ddpkit._core.protocol import RecordKind, error_record
+from ddpkit.errors import PreemptedError
 from ddpkit.launch.failures import is_echo, root_cause
+from ddpkit.launch.launcher import launch_outcome
 
 ECHO = "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:4242"
 
 
 def write_error_file(
-    log_dir: Path, local_rank: int, message: str, stamp: int = 100, call: str | None = None
+    log_dir: Path,
+    local_rank: int,
+    message: str,
+    stamp: int = 100,
+    call: str | None = None,
+    kind: RecordKind = RecordKind.ERROR,
 ) -> Path:
     path = log_dir / "run_abc" / "attempt_0" / str(local_rank) / "error.json"
     path.parent.mkdir(parents=True)
     headline = message.splitlines()[-1]
-    path.write_text(json.dumps(error_record(headline, message, timestamp=stamp, call=call)))
+    record = error_record(headline, message, timestamp=stamp, call=call, kind=kind)
+    path.write_text(json.dumps(record))
     return path
 
 
@@ -118,7 +129,8 @@ def test_without_the_world_size_no_rank_is_said_to_have_finished(tmp_path: Path)
 
 
 def test_a_worker_that_exited_75_on_the_agents_sigterm_is_not_the_cause(tmp_path: Path) -> None:
-    write_error_file(tmp_path, 0, "preempted: stopped by SIGTERM outside training", stamp=100)
+    write_error_file(tmp_path, 0, "stopped by SIGTERM outside training", 100, None,
+                     RecordKind.PREEMPTED)  # fmt: skip
     write_error_file(tmp_path, 1, "ValueError: bad batch on rank 1", stamp=100)
     err = ChildFailedError("train", {0: failure(0, 75), 1: failure(1, 1)})
     blamed = root_cause(err, tmp_path, local_world=2)
@@ -137,14 +149,14 @@ def test_a_sys_exit_code_is_kept_when_torch_did_not_see_the_worker_exit(tmp_path
     assert (blamed.rank, blamed.exitcode) == (1, 3) and said in blamed.detail
 
 
-FINISHED = FINISHED_MARKER + "finished the script"
+FINISHED = "finished the script"
 
 
 def test_a_rank_stopped_while_exiting_after_it_finished_is_not_blamed(tmp_path: Path) -> None:
     """Under load the finished rank is still tearing down when its peer fails: the agent's
     SIGTERM reaches it there. It was blamed ('killed by signal 15') 1 run in 2 under load."""
     write_error_file(tmp_path, 0, ECHO, call="all_reduce_sum (train.py:55)")
-    file1 = write_error_file(tmp_path, 1, FINISHED)
+    file1 = write_error_file(tmp_path, 1, FINISHED, kind=RecordKind.FINISHED)
     err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, -15, str(file1))})
     blamed = root_cause(err, tmp_path, local_world=2)
     assert (blamed.rank, blamed.exitcode) == (0, 1)
@@ -159,15 +171,52 @@ def test_a_rank_stopped_while_exiting_after_it_finished_is_not_blamed(tmp_path: 
 
 def test_a_finished_ranks_record_is_no_failure_when_it_exited_0(tmp_path: Path) -> None:
     write_error_file(tmp_path, 0, "ValueError: bad batch on rank 0")
-    write_error_file(tmp_path, 1, FINISHED)  # torch lists only the failed rank 0
+    write_error_file(tmp_path, 1, FINISHED, kind=RecordKind.FINISHED)  # torch lists rank 0 only
     blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
     assert (blamed.rank, blamed.exitcode) == (0, 1)
     assert blamed.detail == "ValueError: bad batch on rank 0"
 
 
 def test_a_teardown_crash_after_the_script_finished_says_so(tmp_path: Path) -> None:
-    file1 = write_error_file(tmp_path, 1, FINISHED)
+    file1 = write_error_file(tmp_path, 1, FINISHED, kind=RecordKind.FINISHED)
     err = ChildFailedError("train", {1: failure(1, -6, str(file1))})
     blamed = root_cause(err, tmp_path, local_world=2)
     assert (blamed.rank, blamed.exitcode) == (1, -6)
     assert str(blamed).startswith("rank 1 finished the script, then failed while exiting")
+
+
+def test_a_killed_worker_whose_file_says_it_was_training_is_reported_by_its_signal(
+    tmp_path: Path,
+) -> None:
+    file1 = write_error_file(tmp_path, 1, "training (epoch 2, step 9)", kind=RecordKind.TRAINING)
+    blamed = root_cause(ChildFailedError("train", {1: failure(1, -9, str(file1))}), tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (1, -9)
+    assert "SIGKILL" in blamed.detail and "training" not in blamed.detail
+
+
+def test_every_rank_preempted_is_a_preemption_not_a_failure(tmp_path: Path) -> None:
+    said = "stopped by SIGTERM at epoch 2, step 9 after saving runs/x/e.pt; run the same command"
+    for rank in (0, 1):
+        write_error_file(tmp_path, rank, said, kind=RecordKind.PREEMPTED)
+    err = ChildFailedError("train", {0: failure(0, 75), 1: failure(1, 75)})
+    outcome = launch_outcome(err, str(tmp_path), local_world=2)
+    assert isinstance(outcome, PreemptedError) and str(outcome) == said
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        ([], "stopped by SIGTERM while starting; run it again"),
+        ([RecordKind.TRAINING], "stopped by SIGTERM during training (training (epoch 2, step 9)) "
+                                "before they reached a step where they could checkpoint"),
+        ([RecordKind.TRAINING, RecordKind.PREEMPTED], "saved"),
+    ],
+)  # fmt: skip
+def test_a_stop_signal_to_the_launcher_says_how_far_the_workers_got(
+    tmp_path: Path, kinds: list[RecordKind], expected: str
+) -> None:
+    texts = {RecordKind.TRAINING: "training (epoch 2, step 9)", RecordKind.PREEMPTED: "saved"}
+    for rank, kind in enumerate(kinds):
+        write_error_file(tmp_path, rank, texts[kind], kind=kind)
+    outcome = launch_outcome(SignalException("", signal.SIGTERM), str(tmp_path))
+    assert isinstance(outcome, PreemptedError) and str(outcome).startswith(expected)

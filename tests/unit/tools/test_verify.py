@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -186,5 +188,6 @@ def test_recording_a_random_sampler_leaves_the_training_random_stream_alone(tmp_
     recorder = Recorder(tmp_path)
     # What 2 ranks that each iterate the whole dataset are judged to be: not sharded.
     recorder.coverage = {"sampler": "RandomSampler", "verdict": "bad", "text": "not sharded"}
-    recorder.epoch_started(loader)  # RandomSampler draws its seed from torch's global stream
+    run = types.SimpleNamespace(loader=loader)  # what the hook reads of the run
+    recorder.on_train_epoch_start(run, 1)  # RandomSampler draws its seed from torch's stream
     assert torch.equal(torch.rand(1), expected)

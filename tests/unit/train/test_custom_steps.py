@@ -14,6 +14,7 @@ from torch.utils.data import Dataset
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint
 from ddpkit.errors import ConfigError
+from ddpkit.runtime.callbacks import HOOKS
 from helpers.mp_workers import cpu_state, toy_dataset, toy_model
 
 
@@ -111,16 +112,26 @@ def test_bad_steps_are_named() -> None:
 
 
 class Recorder(ddpkit.Callback):
+    """Notes every hook it hears (each hook overridden, so the dispatcher calls it)."""
+
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("on_"):
-            object.__getattribute__(self, "calls").append(name)
-        return object.__getattribute__(self, name)
-
     def on_save_checkpoint(self, trainer: Any, state: dict[str, Any]) -> None:
+        self.calls.append("on_save_checkpoint")
         state["note"] = "from a callback"
+
+
+def _noting(hook: str) -> Any:
+    def note(self: Recorder, *args: Any) -> None:
+        self.calls.append(hook)
+
+    return note
+
+
+for _hook in HOOKS:
+    if _hook != "on_save_checkpoint":
+        setattr(Recorder, _hook, _noting(_hook))
 
 
 def test_callbacks_are_called_in_order_and_may_add_to_checkpoints(tmp_path: Path) -> None:
@@ -132,8 +143,9 @@ def test_callbacks_are_called_in_order_and_may_add_to_checkpoints(tmp_path: Path
     data = ddpkit.prepare_loader(toy_dataset(n=16), batch_size=8)
     trainer.fit(data, epochs=1, val=data)
     assert recorder.calls == [
-        "on_fit_start", "on_train_epoch_start", "on_train_batch_end", "on_train_batch_end",
-        "on_validation_end", "on_train_epoch_end", "on_save_checkpoint", "on_fit_end",
+        "on_fit_start", "on_train_epoch_start", "on_train_batch_start", "on_train_batch_end",
+        "on_train_batch_start", "on_train_batch_end", "on_validation_end", "on_train_epoch_end",
+        "on_save_checkpoint", "on_fit_end",
     ]  # fmt: skip
     assert load_checkpoint(list_checkpoints(tmp_path)[-1])["note"] == "from a callback"
     recorder.calls.clear()
@@ -164,7 +176,9 @@ class TinyGAN(ddpkit.Trainer):
         return {"fake_norm": self.models["gen"](batch[0][:, :2]).norm(dim=1).mean()}
 
 
-def gan(folder: Path | None, ema: nn.Module | None = None) -> TinyGAN:
+def gan(
+    folder: Path | None, ema: nn.Module | None = None, callbacks: tuple[Any, ...] = ()
+) -> TinyGAN:
     torch.manual_seed(3)
     models = {
         "gen": ddpkit.prepare_model(nn.Linear(2, 2)),
@@ -175,7 +189,7 @@ def gan(folder: Path | None, ema: nn.Module | None = None) -> TinyGAN:
     state = {"ema": ema, "updates": 0} if ema is not None else None
     every = 3 if folder is not None else None
     return TinyGAN(models, opts, scheduler=scheds, checkpoint_dir=folder, save_every_steps=every,
-                   state=state)  # fmt: skip
+                   state=state, manual_optimization=True, callbacks=callbacks)  # fmt: skip
 
 
 class Stop(Exception):
@@ -191,8 +205,7 @@ def test_two_models_resume_bit_identically_with_their_schedulers_and_user_state(
     straight.fit(loader, epochs=2, val=loader)
     expected = cpu_state(straight.model)
     ema = nn.Linear(1, 1)
-    first = gan(tmp_path, ema)
-    first.callbacks.callbacks.append(StopAt(7))
+    first = gan(tmp_path, ema, callbacks=(StopAt(7),))
     with pytest.raises(Stop):
         first.fit(loader, epochs=2)
     with torch.no_grad():
@@ -221,7 +234,7 @@ class StopAt(ddpkit.Callback):
             raise Stop
 
 
-def test_manual_steps_refuse_accumulation_and_need_a_validation_step() -> None:
+def test_a_manual_step_is_declared_and_needs_a_validation_step_even_before_fit() -> None:
     ddpkit.init(hang_timeout=0)
     loader = ddpkit.prepare_loader(toy_dataset(n=16), batch_size=8)
     models = {"a": ddpkit.prepare_model(nn.Linear(6, 1))}
@@ -231,11 +244,41 @@ def test_manual_steps_refuse_accumulation_and_need_a_validation_step() -> None:
         trainer.backward(models["a"](batch[0]).mean())
         trainer.optimizer_step()
 
-    trainer = ddpkit.Trainer(models, opt, training_step=manual, accumulate=2)
-    with pytest.raises(ConfigError, match="accumulate > 1 needs the Trainer's own backward"):
-        trainer.fit(loader, epochs=1)
     trainer = ddpkit.Trainer(models, opt, training_step=manual)
+    with pytest.raises(ConfigError, match=r"declared with Trainer\(\.\.\., manual_optimization"):
+        trainer.fit(loader, epochs=1)
+    trainer = ddpkit.Trainer(models, opt, training_step=manual, manual_optimization=True)
     with pytest.raises(ConfigError, match="cannot double as the validation step"):
-        trainer.fit(loader, epochs=1, val=loader)
+        trainer.evaluate(loader)  # before any fit: known from the declaration, not a first step
     with pytest.raises(ConfigError, match=r"several models \(a\) .* give it a training_step"):
         ddpkit.Trainer(models, opt, F.mse_loss)
+
+
+def accumulating_trainer(manual: bool) -> ddpkit.Trainer:
+    """accumulate=2 on the toy model: the default step, or the same made by hand."""
+    model = ddpkit.prepare_model(toy_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(batch: Any) -> Any:
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+        if not manual:
+            return loss
+        trainer.backward(loss)
+        trainer.optimizer_step()
+        return {"loss": loss}
+
+    trainer = ddpkit.Trainer(model, opt, training_step=step, accumulate=2,
+                             manual_optimization=manual)  # fmt: skip
+    return trainer
+
+
+def test_a_manual_step_accumulates_like_the_default_one() -> None:
+    """accumulate=2 with a manual step: one update per two batches, with their mean gradient."""
+    ddpkit.init(hang_timeout=0)
+    loader = ddpkit.prepare_loader(toy_dataset(n=16), batch_size=4, shuffle=False)
+    automatic, by_hand = accumulating_trainer(False), accumulating_trainer(True)
+    for trainer in (automatic, by_hand):
+        trainer.fit(loader, epochs=1)
+    assert automatic.step == by_hand.step == 2
+    expected = cpu_state(automatic.model)
+    assert all(torch.equal(expected[k], v) for k, v in cpu_state(by_hand.model).items())

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import ddpkit
-import ddpkit.train.guards
-from ddpkit.train.guards import StepGuard
+import ddpkit.train.guard
+from ddpkit.train.guard import StepGuard
 
 
 @pytest.fixture
@@ -23,7 +23,7 @@ def exchanges(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[float]]]:
         seen.append(value.tolist())
         return value
 
-    monkeypatch.setattr(ddpkit.train.guards, "all_reduce_max", recording)
+    monkeypatch.setattr(ddpkit.train.guard, "all_reduce_max", recording)
     yield seen
 
 
@@ -31,7 +31,7 @@ def test_exchanges_follow_rank0s_schedule(
     exchanges: list[list[float]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = iter(float(t) for t in range(0, 10_000))  # one "second" per reading
-    monkeypatch.setattr(ddpkit.train.guards.time, "monotonic", lambda: next(clock) * 0.01)
+    monkeypatch.setattr(ddpkit.train.guard.time, "monotonic", lambda: next(clock) * 0.01)
     guard = StepGuard("error", exchange_stops=True)
     for _ in range(300):
         guard.note_loss(torch.tensor(0.5))

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint, parse_name, save_checkpoint
 from ddpkit.errors import CheckpointError, NonFiniteLossError
-from ddpkit.train.preemption import StopSignals
+from ddpkit.train.stop import StopSignals
 from helpers.mp_workers import cpu_state, crash_before_step, toy_dataset
 
 
@@ -186,16 +186,17 @@ def nan_at_step(step: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tenso
 def test_a_nan_loss_stops_before_the_update_naming_step_and_rank() -> None:
     ddpkit.init(hang_timeout=0)
     model = nn.Linear(6, 3)
-    trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), nan_at_step(3))
     before_step_3: dict[str, torch.Tensor] = {}
-    real_update = trainer._update_weights
 
-    def remember(optimizers: list[torch.optim.Optimizer]) -> None:
-        real_update(optimizers)
-        if trainer.step == 1:  # the update of step 2 is the last before the NaN
-            before_step_3.update(cpu_state(model))
+    class Remember(ddpkit.Callback):
+        def on_train_batch_end(
+            self, trainer: ddpkit.Trainer, batch: object, metrics: object
+        ) -> None:
+            if trainer.step == 2:  # the update of step 2 is the last before the NaN
+                before_step_3.update(cpu_state(model))
 
-    trainer._update_weights = remember  # type: ignore[method-assign]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = ddpkit.Trainer(model, opt, nan_at_step(3), callbacks=[Remember()])
     with pytest.raises(NonFiniteLossError, match=r"loss is nan on rank 0 at step 3 \(epoch 1\)"):
         trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=1)
     assert all(torch.equal(v, cpu_state(model)[k]) for k, v in before_step_3.items())
@@ -252,12 +253,25 @@ def test_a_step_checkpoint_on_an_epochs_last_batch_is_that_epochs_checkpoint(
     ]
 
 
-def test_an_epoch_saved_in_the_old_metric_format_resumes_its_sums() -> None:
-    from ddpkit.train.metrics import MetricSums
-    from ddpkit.train.progress import _saved_sums
+def test_an_epoch_saved_in_the_first_format_resumes_its_sums() -> None:
+    from ddpkit.train.state import upgrade
+    from ddpkit.train.steps import MetricSums
 
-    old = {"metric_sums": torch.tensor([2.0, 4.0, 3.0, 4.0], dtype=torch.float64),
-           "classifier": True, "top5": False}  # fmt: skip  # [loss*n, n, correct, top-5]
+    old = {"epoch": 1, "progress": {  # format 1: no "format"; sums [loss*n, n, correct, top-5]
+        "metric_sums": torch.tensor([2.0, 4.0, 3.0, 4.0], dtype=torch.float64),
+        "classifier": True, "top5": False}}  # fmt: skip
+    progress = upgrade(old, "e.pt")["progress"]
     sums = MetricSums(torch.device("cpu"))
-    sums.load(*_saved_sums(old))
+    sums.load(progress["metric_names"], progress["metric_sums"])
     assert sums.reduce() == {"loss": 0.5, "samples": 4.0, "accuracy": 0.75}
+
+
+def test_a_checkpoint_in_an_unknown_format_is_refused_and_left_as_it_is(tmp_path: Path) -> None:
+    train(tmp_path, epochs=1)
+    newest = list_checkpoints(tmp_path)[-1]
+    state = load_checkpoint(newest)
+    state["format"] = "ddpkit.checkpoint/3"  # as a newer ddpkit might write it
+    reseal(state, newest)
+    with pytest.raises(CheckpointError, match=r"format 'ddpkit.checkpoint/3', which this ddpkit"):
+        train(tmp_path, epochs=2)
+    assert list_checkpoints(tmp_path)[-1] == newest  # not renamed .invalid: it is not damaged

@@ -20,8 +20,7 @@ from ddpkit.checkpoint.sharded import (
 )
 from ddpkit.errors import CheckpointError
 from ddpkit.runtime.seeding import rank_seed
-from ddpkit.train.metrics import MetricSums
-from ddpkit.train.steps import classifier_metrics
+from ddpkit.train.steps import MetricSums, classifier_metrics
 from helpers.mp_workers import toy_dataset, toy_model
 
 
@@ -105,10 +104,10 @@ def test_the_scheduler_is_stepped_per_step_and_resumed_from_the_checkpoint(
 
     ddpkit.init()
     first = trainer_with_scheduler(epochs=2)  # 5 steps per epoch: 10 steps
-    assert first.scheduler.last_epoch == 10
+    assert first.schedulers["scheduler"].last_epoch == 10
     assert first.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)
     resumed = trainer_with_scheduler(epochs=3)  # resumes at epoch 2, 5 more steps
-    assert resumed.scheduler.last_epoch == 15
+    assert resumed.schedulers["scheduler"].last_epoch == 15
     assert resumed.optimizer.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**5)
 
 

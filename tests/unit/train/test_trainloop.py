@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,32 @@ def test_misuse_is_named() -> None:
     )
     with pytest.raises(ConfigError, match=r"inside 'for epoch in loop\.epochs"):
         next(iter(loop.batches([1])))
+
+
+def test_the_ddpkit_loggers_level_silences_the_loops_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Epoch lines, step lines and the start-up line are records of the ``ddpkit`` logger:
+    the documented ``setLevel(WARNING)`` silences them, through the Trainer and a
+    hand-written loop alike (they were printed past the logger)."""
+    ddpkit.init(hang_timeout=0)
+    model = ddpkit.prepare_model(nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = ddpkit.prepare_loader(toy_dataset(), batch_size=8)
+    ddpkit_logger = logging.getLogger("ddpkit")
+    level = ddpkit_logger.level
+    capsys.readouterr()  # the world's line
+    try:
+        for silenced in (False, True):
+            ddpkit_logger.setLevel(logging.WARNING if silenced else logging.INFO)
+            ddpkit.Trainer(model, opt, F.cross_entropy, log_every=2).fit(loader, epochs=1)
+            loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, log_every=2)
+            for _ in loop.epochs(1):
+                for x, y in loop.batches(loader):
+                    loop.backward(F.cross_entropy(model(x), y))
+                    loop.optimizer_step()
+            out = capsys.readouterr().out
+            shown = [line for line in out.splitlines() if line.startswith(("epoch 1/1", "ddpkit"))]
+            assert len(shown) == (0 if silenced else 2 * 4), out  # start-up, 2 step lines, epoch
+    finally:
+        ddpkit_logger.setLevel(level)

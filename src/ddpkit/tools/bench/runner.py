@@ -29,7 +29,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ddpkit._core.log import command_logger
-from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, METRICS_ENV
+from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, LOG_DIR_ENV, METRICS_ENV
 from ddpkit._core.system import usable_cores
 from ddpkit.errors import ConfigError, DdpkitError
 from ddpkit.runtime.reporting import read_reports
@@ -145,9 +145,16 @@ def run_once(config: BenchConfig, world_size: int, repeat: int, threads: int) ->
         path.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
     checkpoints = config.out / "checkpoints" / name  # each run from scratch, never the user's
-    shutil.rmtree(checkpoints, ignore_errors=True)
-    env = {**os.environ, METRICS_ENV: str(metrics.resolve()), "OMP_NUM_THREADS": str(threads),
-           CHECKPOINT_DIR_ENV: str(checkpoints.resolve())}  # fmt: skip
+    curves = config.out / "explogs" / name  # nor the user's experiment logs
+    for scratch in (checkpoints, curves):
+        shutil.rmtree(scratch, ignore_errors=True)
+    env = {
+        **os.environ,
+        METRICS_ENV: str(metrics.resolve()),
+        "OMP_NUM_THREADS": str(threads),
+        CHECKPOINT_DIR_ENV: str(checkpoints.resolve()),
+        LOG_DIR_ENV: str(curves.resolve()),
+    }
     start = time.perf_counter()
     with log.open("w", encoding="utf-8") as handle:
         done = subprocess.run(

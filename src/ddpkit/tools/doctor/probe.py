@@ -24,7 +24,13 @@ from typing import Any
 
 import torch
 
-from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, MAX_STEPS_ENV, METRICS_ENV, SMOKE_OUT_ENV
+from ddpkit._core.protocol import (
+    CHECKPOINT_DIR_ENV,
+    LOG_DIR_ENV,
+    MAX_STEPS_ENV,
+    METRICS_ENV,
+    SMOKE_OUT_ENV,
+)
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.runtime.reporting import read_reports
 from ddpkit.tools.doctor import smoke
@@ -73,10 +79,11 @@ def smoke_check(results: dict[str, Any]) -> Check:
         return Check("smoke", PASS, detail)
     largest = max(results["results"], key=lambda row: row["bytes"])
     return Check(
-        "smoke", PASS,
+        "smoke",
+        PASS,
         f"all_reduce correct on {results['world_size']} ranks ({results['backend']}); "
         f"{smoke.size_text(largest['bytes'])} at {largest['busbw_gbps']:.2f} GB/s bus bandwidth",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,23 @@ class RunProbe:
     utilization: list[float]
 
 
+def probe_env(folder: Path, steps: int) -> dict[str, str]:
+    """What the short run is told: stop after ``steps`` optimizer steps, report its set-up
+    to ``folder``, and keep its checkpoints and experiment logs there (the user's are left
+    as they are).
+
+    Example:
+        >>> sorted(probe_env(Path("/tmp/d"), 20))[:2]
+        ['DDPKIT_CHECKPOINT_DIR', 'DDPKIT_LOG_DIR']
+    """
+    return {
+        METRICS_ENV: str(folder / "metrics.jsonl"),
+        MAX_STEPS_ENV: str(steps),
+        CHECKPOINT_DIR_ENV: str(folder / "checkpoints"),
+        LOG_DIR_ENV: str(folder / "logs"),
+    }
+
+
 def probe_run(
     script: str, args: list[str], nproc: int, steps: int, timeout: float, gpu_count: int
 ) -> RunProbe:
@@ -104,12 +128,10 @@ def probe_run(
         # {'kind': 'setup', 'world_size': 2, ...}
     """
     with tempfile.TemporaryDirectory(prefix="ddpkit-doctor-") as folder:
-        metrics = Path(folder) / "metrics.jsonl"
-        scratch = str(Path(folder) / "checkpoints")  # the user's folder is left as it is
-        env = {METRICS_ENV: str(metrics), MAX_STEPS_ENV: str(steps), CHECKPOINT_DIR_ENV: scratch}
+        env = probe_env(Path(folder), steps)
         with sample_utilization(gpu_count) as samples:
             outcome = run_command(ddpkit_run_command(nproc, script, args), env, timeout)
-        setup = next((r for r in read_reports(metrics) if r.get("kind") == "setup"), None)
+        setup = next((r for r in read_reports(env[METRICS_ENV]) if r.get("kind") == "setup"), None)
     return RunProbe(outcome, setup, samples)
 
 
@@ -125,9 +147,11 @@ def batch_check(probe: RunProbe, command: str) -> Check:
         return Check("batch and lr", FAIL, failure, "fix the script's error shown above")
     if probe.setup is None:
         return Check(
-            "batch and lr", SKIP, "the run reported no set-up (it does not train with "
+            "batch and lr",
+            SKIP,
+            "the run reported no set-up (it does not train with "
             "ddpkit.Trainer, nor call ddpkit.reporting.report('setup', ...))",
-        )  # fmt: skip
+        )
     return batch_advice(probe.setup)
 
 
@@ -157,9 +181,11 @@ def check_gpu_utilization(samples: list[float], gpu_count: int, ran: bool) -> Ch
     if mean >= LOW_UTILIZATION:
         return Check("gpu utilization", PASS, detail)
     return Check(
-        "gpu utilization", WARN, f"{detail}, below {LOW_UTILIZATION:.0f}%: the GPUs wait",
+        "gpu utilization",
+        WARN,
+        f"{detail}, below {LOW_UTILIZATION:.0f}%: the GPUs wait",
         "raise the batch size or the DataLoader's num_workers (the tutorial's advice)",
-    )  # fmt: skip
+    )
 
 
 _NO_SAMPLES = "could not read utilization (torch.cuda.utilization needs pynvml; no nvidia-smi)"

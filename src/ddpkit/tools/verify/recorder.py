@@ -1,16 +1,17 @@
-"""What ``ddpkit verify`` records inside the script it runs, as an observer of training.
+"""What ``ddpkit verify`` records inside the script it runs, as a callback of training.
 
-``ddpkit verify`` runs the unchanged script twice, as N workers and as one process standing
-in for them (see :func:`ddpkit.data.loader.reference_world_size`), with
-``DDPKIT_VERIFY_DIR`` set and :func:`install` named in ``DDPKIT_WORKER_SETUP``: each worker
-registers a :class:`Recorder` before the script starts (:mod:`ddpkit.runtime.observers`; no
-library module imports this one). The recorder notes, in each run: every rank's weights and
-random-generator state when ``prepare_model`` is called (before DDP broadcasts rank 0's
-weights and hides a difference), the parameters before the first step and after the last,
-which samples each rank trained on and a fingerprint of each, the sampler's coverage of the
-first epoch, the replica checks, and the model's layers that make runs differ by design
-(BatchNorm, Dropout). Rank 0 writes ``record.json`` and ``params.pt`` (tensors only); verify
-compares the two runs.
+``ddpkit verify`` runs the unchanged script twice, as N workers and as one process standing in
+for them (see :func:`ddpkit.data.loader.reference_world_size`), with ``DDPKIT_VERIFY_DIR`` set
+and :func:`install` named in ``DDPKIT_WORKER_SETUP``: each worker registers a :class:`Recorder`
+callback for every run of the process before the script starts
+(:func:`ddpkit.runtime.callbacks.register_callback`; no library module imports this one). It
+hears the hooks every callback hears, from the Trainer and a hand-written loop alike. The
+recorder notes, in each run: every rank's weights and random-generator state when
+``prepare_model`` is called (before DDP broadcasts rank 0's weights and hides a difference), the
+parameters before the first step and after the last, which samples each rank trained on and a
+fingerprint of each, the sampler's coverage of the first epoch, the replica checks, and the
+model's layers that make runs differ by design (BatchNorm, Dropout). Rank 0 writes
+``record.json`` and ``params.pt`` (tensors only); verify compares the two runs.
 
 Example:
     >>> Recorder(Path("/tmp/verify-run")).finished
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,8 @@ from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.data.loader import reference_world_size
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
+from ddpkit.runtime.callbacks import Callback, register_callback
 from ddpkit.runtime.collectives import all_gather_rows, is_main
-from ddpkit.runtime.observers import Observer, add_observer
 from ddpkit.runtime.session import current_world
 
 RECORD_FILE = "record.json"
@@ -46,24 +47,26 @@ _MAX_SAMPLES = 4096  # fingerprinted samples per rank: enough to tell, small to 
 def install() -> Recorder:
     """The worker setup ``ddpkit verify`` names in ``DDPKIT_WORKER_SETUP``: record this run.
 
-    Registers a :class:`Recorder` writing to ``DDPKIT_VERIFY_DIR`` as an observer of
-    training (:mod:`ddpkit.runtime.observers`), before the script starts.
+    Registers a :class:`Recorder` writing to ``DDPKIT_VERIFY_DIR`` as a callback of every
+    training run (:mod:`ddpkit.runtime.callbacks`), before the script starts.
 
     Example::
 
         DDPKIT_WORKER_SETUP=ddpkit.tools.verify.recorder:install DDPKIT_VERIFY_DIR=/tmp/v \\
             python -m ddpkit.launch.worker train.py
     """
-    return add_observer(Recorder(Path(os.environ[VERIFY_DIR_ENV])))
+    return register_callback(Recorder(Path(os.environ[VERIFY_DIR_ENV])))
 
 
-class Recorder(Observer):
+class Recorder(Callback):
     """Collects one run's facts for ``ddpkit verify``; rank 0 writes them at the end.
 
     Example:
         >>> Recorder(Path("/tmp/verify-run")).finished
         False
     """
+
+    rank_zero_only = False  # every rank records; the gathers are collectives
 
     def __init__(self, out: Path) -> None:
         self.out = out
@@ -77,26 +80,27 @@ class Recorder(Observer):
         self._epoch_order: list[int] = []
         self._position = 0
 
-    def model_built(self, model: nn.Module) -> None:
+    def on_model_built(self, model: nn.Module) -> None:
         """Every rank's weights and RNG state as ``prepare_model`` received them."""
         mine = torch.tensor([[_weights_fingerprint(model), _rng_fingerprint()]])
         rows = torch.cat(all_gather_rows(mine)).tolist()
         self.build = {"weights": [r[0] for r in rows], "rng": [r[1] for r in rows]}
 
-    def fit_started(self, model: nn.Module, setup: Mapping[str, Any]) -> None:
+    def on_fit_start(self, trainer: Any) -> None:
         """The set-up and the parameters before the first step."""
-        self.setup = {**setup, **model_notes(model)}
-        self._initial = full_state(model)
+        self.setup = {**trainer.setup.record(), **model_notes(trainer.model)}
+        self._initial = full_state(trainer.model)
 
-    def epoch_started(self, loader: Iterable[Any]) -> None:
+    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
         """Check the first epoch's coverage; note this epoch's sample order."""
+        loader = trainer.loader
         if self.coverage is None:
             self.coverage = sampler_coverage(loader)
         sampler = getattr(loader, "sampler", None)
         self._epoch_order = list(sampler) if listable(sampler) else []  # type: ignore[arg-type]
         self._position = 0
 
-    def batch_loaded(self, batch: Any) -> None:
+    def on_train_batch_start(self, trainer: Any, batch: Any) -> None:
         """Fingerprint each sample of a batch, by dataset index: its first tensor (the
         inputs) and the rest (targets, masks...), whatever the batch's structure."""
         n = batch_size_of(batch)
@@ -110,22 +114,24 @@ class Recorder(Observer):
             others = sum(fingerprint(t[row]) for t in rest) % (1 << 63)
             self._samples.append([index, fingerprint(first[row]), others])
 
-    def replicas_checked(self, step: int, divergence: Mapping[str, Any] | None) -> bool:
+    def on_replicas_checked(
+        self, trainer: Any, step: int, divergence: Mapping[str, Any] | None
+    ) -> bool:
         """Note a replica check; keep the first divergence (verify reports it, training goes on)."""
         self.replicas["checked"].append(step)
         if divergence is not None and self.replicas["divergence"] is None:
             self.replicas["divergence"] = dict(divergence)
         return True
 
-    def fit_finished(self, model: nn.Module, steps: int) -> None:
+    def on_fit_end(self, trainer: Any) -> None:
         """Gather and write the record (a collective; rank 0 writes). Only the first call."""
         if self.finished:
             return
         self.finished = True
-        final = full_state(model)
+        final = full_state(trainer.model)
         samples = _gather_samples(self._samples)
         if is_main():
-            self._write(steps, final, samples)
+            self._write(trainer.step, final, samples)
 
     def _write(self, steps: int, final: dict[str, torch.Tensor], samples: dict[str, Any]) -> None:
         self.out.mkdir(parents=True, exist_ok=True)

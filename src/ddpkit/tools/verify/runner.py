@@ -27,6 +27,7 @@ from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     CHECK_REPLICAS_ENV,
     CHECKPOINT_DIR_ENV,
+    LOG_DIR_ENV,
     MAX_STEPS_ENV,
     REFERENCE_WORLD_ENV,
     VERIFY_DIR_ENV,
@@ -128,8 +129,9 @@ def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
     env = {
         VERIFY_DIR_ENV: str(folder.resolve()),
         CHECKPOINT_DIR_ENV: str((folder / "checkpoints").resolve()),  # never the user's
+        LOG_DIR_ENV: str((folder / "logs").resolve()),  # nor the user's curves
         MAX_STEPS_ENV: str(config.steps),
-        WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through an observer
+        WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through a callback
     }
     if workers == 1:  # one process standing in for the N workers
         env[REFERENCE_WORLD_ENV] = str(config.workers)

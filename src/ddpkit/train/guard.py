@@ -1,23 +1,23 @@
 """The step guard: before each optimizer step, what every rank must agree on.
 
 - **Stop requests.** A preemption signal reaches ranks at slightly different moments, yet
-  all must stop at the same step (:mod:`ddpkit.train.preemption`). The ranks all-reduce their
-  flags at step boundaries on a schedule they agree on: each exchange also carries rank 0's
-  choice of how many step boundaries to wait until the next one, from its measured step
-  time, so that exchanges come about once every :data:`EXCHANGE_EVERY_S` seconds. Every
-  rank learns of a signal at the same step, within about a second, and the job pays about
-  one millisecond per second for it (an all-reduce of a few floats over gloo on a busy
-  machine costs that much, however small).
+  all must stop at the same step (:mod:`ddpkit.train.stop`). The ranks all-reduce their
+  flags at step boundaries on a schedule they agree on (each exchange carries rank 0's
+  choice of how many boundaries until the next, from its step time): about once every
+  :data:`EXCHANGE_EVERY_S` seconds, for about a millisecond each on gloo.
 - **Non-finite losses.** ``nonfinite_loss="error"`` (the default): a rank whose loss was
   NaN or infinite raises :class:`~ddpkit.errors.NonFiniteLossError` naming the step and
-  itself before its optimizer step. Its peers cannot save the poisoned gradients they
-  received, because every checkpoint starts with a collective the failed rank never joins,
-  and the launcher stops them. ``"skip"``: every rank must skip the same step, so the ranks
-  exchange their checks before every update (one small all-reduce per step).
+  itself before its optimizer step (its peers cannot save the poisoned gradients: every
+  checkpoint starts with a collective the failed rank never joins). ``"skip"``: every rank
+  skips the same step, so the checks are exchanged before every update.
 
-When ranks have different numbers of batches (torch's ``Join``), a collective inside the loop
-would hang the ranks that finished, and their step counts differ: the exchange then waits
-for the end of the epoch, and ``"skip"`` is refused (see :mod:`ddpkit.train.uneven`).
+**Uneven shares.** ``prepare_loader`` evens the shards out, but a loader of your own may
+not. :func:`uneven_shares` finds out once per epoch. Under DDP the ranks that run out
+first would leave the others waiting in a gradient all-reduce forever, so such an epoch runs
+under torch's ``Join``, whose finished ranks keep answering (:func:`join_unless`); nothing
+else collective may run between its batches, so the stop exchange, step checkpoints and
+replica checks wait for the epoch's end. FSDP's all-gathers cannot be joined, and ``"skip"``
+needs every rank to agree at each step: both are refused naming the ranks' batch counts.
 
 Example:
     >>> import torch, ddpkit
@@ -32,20 +32,22 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Any
 
 import torch
+from torch import nn
 
-from ddpkit._core.validate import check_choice
+from ddpkit.errors import ConfigError
+from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max
 from ddpkit.runtime.session import current_world
+from ddpkit.train.options import NonFiniteLoss
 
-NonFiniteLoss = Literal["error", "skip"]
-NONFINITE_POLICIES: tuple[NonFiniteLoss, ...] = get_args(NonFiniteLoss)
 EXCHANGE_EVERY_S = 1.0  # how often ranks compare stop requests
 _MOST_BOUNDARIES = 100_000  # between two exchanges, however fast the steps
 _CODES = {1.0: "nan", 2.0: "inf"}
@@ -67,7 +69,7 @@ class Verdict:
 class StepGuard:
     """Checks this rank's losses; agrees with the other ranks on stops (and on skips).
 
-    ``exchange_stops`` turns on the stop-request exchange (the Trainer does when it has a
+    ``exchange_stops`` turns on the stop-request exchange (the loop does when it has a
     ``checkpoint_dir`` to save into). Every rank must call :meth:`check` at each optimizer
     step and :meth:`epoch_end` at each epoch's end, as collectives are.
 
@@ -77,7 +79,6 @@ class StepGuard:
     """
 
     def __init__(self, policy: NonFiniteLoss, exchange_stops: bool) -> None:
-        check_choice("nonfinite_loss", policy, NONFINITE_POLICIES)
         self.policy = policy
         self.exchange_stops = exchange_stops
         self._losses: torch.Tensor | None = None  # sum of this step's losses: NaN/inf stay
@@ -152,3 +153,52 @@ def _nonfinite(codes: dict[int, float]) -> dict[int, str]:
 
 def _signal_name(number: float) -> str | None:
     return signal.Signals(int(number)).name if number > 0 else None
+
+
+def uneven_shares(model: nn.Module, total: int | None, nonfinite_loss: NonFiniteLoss) -> str | None:
+    """How the ranks' batch counts differ (one collective), or None when every rank has
+    ``total`` too (None for a loader without a length); refuses what cannot work.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> uneven_shares(torch.nn.Linear(1, 1), total=3, nonfinite_loss="error") is None
+        True
+        >>> ddpkit.shutdown()
+    """
+    if current_world().world_size == 1:
+        return None
+    count = float(total if total is not None else -1)
+    # One collective for both ends: the max of -count is minus the min.
+    most, negated_fewest = all_reduce_max(torch.tensor([count, -count])).tolist()
+    fewest = -negated_fewest
+    if most == fewest and fewest >= 0:
+        return None
+    spread = f"ranks have between {fewest:.0f} and {most:.0f} batches (-1: no length)"
+    strategy = strategy_of(model)
+    if strategy.uneven_batches == "refuse":
+        raise ConfigError(
+            f"{strategy.name.upper()} needs the same number of batches on every rank, but "
+            f"{spread}; shard with ddpkit.prepare_loader (uneven='pad' or 'drop'), or use "
+            "strategy='ddp'"
+        )
+    if nonfinite_loss == "skip":
+        raise ConfigError(
+            f"nonfinite_loss='skip' needs every rank to skip the same steps, but {spread}; "
+            "shard with ddpkit.prepare_loader, or use nonfinite_loss='error'"
+        )
+    return spread
+
+
+def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """torch's ``Join`` around an epoch whose ranks hold different numbers of batches.
+
+    Example:
+        >>> join_unless(True, torch.nn.Linear(1, 1))  # doctest: +ELLIPSIS
+        <contextlib.nullcontext object at ...>
+    """
+    strategy = strategy_of(model)
+    if not even and strategy.uneven_batches == "join":
+        return strategy.join(model)
+    return contextlib.nullcontext()  # no collectives inside the loop: nothing can hang
