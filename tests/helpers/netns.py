@@ -3,16 +3,19 @@ interface ``eth0`` and host name (``/etc/netns/NS/hosts``, which ``ip netns exec
 ``/etc/hosts``); this machine reaches them through the switch at ``10.250.8.1``.
 
 Nothing outside the namespaces is contacted. :func:`virtual_hosts` skips the test with the
-reason where namespaces cannot be made (not root, no iproute2).
+reason where namespaces cannot be made (not root, no iproute2). Switches and namespaces carry
+the pid of the test process that made them: those of a process that no longer runs (a test
+run killed before it could clean up) are removed first, since their switch would hold the
+same address and take the new hosts' traffic.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +55,8 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
     files) on exit."""
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "nsenter", "unshare")):
         pytest.skip("virtual hosts need root, iproute2 (ip) and util-linux (nsenter, unshare)")
-    tag = uuid.uuid4().hex[:5]
+    _remove_stale_switches()
+    tag = str(os.getpid())
     switch = f"dkbr{tag}"
     hosts = [
         VirtualHost(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"10.250.8.{i + 2}")
@@ -71,6 +75,29 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
             shutil.rmtree(f"/etc/netns/{host.namespace}", ignore_errors=True)
         subprocess.run(["ip", "link", "del", switch], capture_output=True)
+
+
+def _remove_stale_switches() -> None:
+    """Switches and namespaces left by test processes that no longer run."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for pid in set(re.findall(r"\bdkbr(\d+)\b", links)):
+        if _running(int(pid)):
+            continue
+        for namespace in re.findall(rf"\b(ddpk-{pid}-\d+)\b", namespaces):
+            subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+            shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
+        subprocess.run(["ip", "link", "del", f"dkbr{pid}"], capture_output=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _make_switch(switch: str) -> None:
