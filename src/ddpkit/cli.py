@@ -111,21 +111,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         2
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["run"]:
-        _stop_with_75_before_launch()
+    starting = argv[:1] == ["run"]
+    if starting:  # a stop while it imports torch is only noted: nothing may be raised there
+        _catch_stops_before_launch(raising=False)
     try:
         args = parse(argv)  # `run` imports torch here: seconds in which a SIGTERM may come
-    except PreemptedError as err:
-        return _preempted(command_logger(argv[0]), err)
-    return _run(args, command_module(args.command))
+        if _stops_before_launch:
+            raise _StopBeforeLaunch(_stops_before_launch[0])
+        if starting:  # Python code only, until torch's agent takes the signals over
+            _catch_stops_before_launch(raising=True)
+        return _run(args, command_module(args.command))
+    except _StopBeforeLaunch as stop:
+        said = f"stopped by {stop} before they started; run the same command again"
+        return _preempted(command_logger(argv[0]), PreemptedError(said))
 
 
-def _stop_with_75_before_launch() -> None:
-    # A job preempted while it starts is requeued like one preempted while it trains (exit
-    # 75); once the workers run, torch's agent and the Trainer take these signals over.
+class _StopBeforeLaunch(BaseException):
+    """A stop signal while ``ddpkit run`` starts (a BaseException: code it interrupts may
+    catch every Exception)."""
+
+
+_stops_before_launch: list[str] = []  # the stop signals that came while torch was imported
+
+
+def _catch_stops_before_launch(raising: bool) -> None:
+    """A job preempted while it starts is requeued like one preempted while it trains (exit
+    75). While torch is imported a signal is only noted: raised inside its native code (a
+    C++ frame calling back into Python), an exception aborts the process (std::terminate);
+    after that it is raised at once. Once the workers run, torch's agent and the training
+    loop take these signals over."""
+
     def stop(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name
-        raise PreemptedError(f"stopped by {name} before they started; run the same command again")
+        _stops_before_launch.append(signal.Signals(signum).name)
+        if raising:
+            raise _StopBeforeLaunch(_stops_before_launch[0])
 
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), stop)
