@@ -80,10 +80,7 @@ class RunSetup:
 
             setup.record()["global_batch"]   # 64
         """
-        facts = asdict(self)
-        for extra in ("accumulate", "lrs", "padding"):
-            facts.pop(extra)
-        return facts
+        return asdict(self)
 
     def describe(self) -> str:
         """The start-up line, ``training DDP; global batch 64 = ...; lr 0.001; fp32``."""

@@ -139,11 +139,17 @@ class ExperimentLogCallback(Callback):
         self.log: ExperimentLog | None = None
         self._step, self._since, self._samples = 0, time.perf_counter(), 0
 
+    def opened(self, step: int) -> ExperimentLog:
+        """The run's log, opened at ``step`` if it is not yet (a point logged early)."""
+        if self.log is None:
+            folder = resolve_log_dir(self.log_dir)
+            if folder != Path(self.log_dir):
+                logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
+            self.log = ExperimentLog(folder, resume_step=step)
+        return self.log
+
     def on_fit_start(self, trainer: Any) -> None:
-        folder = resolve_log_dir(self.log_dir)
-        if folder != Path(self.log_dir):
-            logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
-        self.log = ExperimentLog(folder, resume_step=trainer.step)
+        self.opened(trainer.step)
         self._step, self._since, self._samples = trainer.step, time.perf_counter(), 0
 
     def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:
@@ -170,6 +176,7 @@ class ExperimentLogCallback(Callback):
     def on_fit_end(self, trainer: Any) -> None:
         if self.log is not None:
             self.log.close()
+        self.log = None  # a next run opens it again, continuing from its step
 
 
 def _learning_rates(optimizers: Mapping[str, Any]) -> dict[str, float]:

@@ -254,8 +254,8 @@ class TrainLoop:
         """
         if self.explog is None:
             raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=...) to write to")
-        if self.explog.log is not None:  # the step just taken counts before its boundary
-            self.explog.log.log(metrics, self.run.step + int(self.updater.stepped))
+        log = self.explog.opened(self.run.step)  # before the first batch too
+        log.log(metrics, self.run.step + int(self.updater.stepped))  # a step taken counts
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """What a checkpoint holds: the run's state, the grad scaler, the callbacks' entries."""
@@ -280,7 +280,9 @@ class TrainLoop:
         self._started = True
         self.setup = RunSetup.of(self.run, self.options, loader, self.world.world_size)
         self.monitor.next_step(self.run.step + 1)
-        self._note_training("no checkpoint yet" if self.checkpointer else "no checkpoint_dir")
+        # Where training stands, for the launcher, should a stop come between two steps.
+        where = "no checkpoint yet" if self.checkpointer else "no checkpoint_dir"
+        record_failure(where, where, RecordKind.TRAINING)
         self.console.fit_started(self.setup)
         self.events.call("on_fit_start")
 
@@ -363,12 +365,9 @@ class TrainLoop:
     def _save(self, progress: EpochProgress | None) -> str:
         assert self.checkpointer is not None
         path = self.checkpointer.save(self, self._position(progress), progress, self.loader)
-        self._note_training(f"newest checkpoint {path}")
+        said = f"newest checkpoint {path}"
+        record_failure(said, said, RecordKind.TRAINING)
         return str(path)
-
-    def _note_training(self, where: str) -> None:
-        """Tell the launcher training is under way, should a stop come between steps."""
-        record_failure(where, where, RecordKind.TRAINING)
 
     def _finish(self, stop: Stop | None) -> None:
         """The end hooks, whether training completed or stopped early (``stop``)."""

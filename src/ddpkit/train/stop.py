@@ -63,11 +63,9 @@ class Stop:
 
 
 class StopSignals:
-    """While entered, SIGTERM and SIGUSR1 set :attr:`signum` instead of ending the process.
-
-    Python runs signal handlers in the main thread only, so in any other thread this does
-    nothing and the signals keep their default action. The handler only records the signal:
-    the training loop decides, at a step boundary, what to do about it.
+    """While entered, SIGTERM and SIGUSR1 set :attr:`signum` instead of ending the process;
+    the loop decides at a step boundary what to do about it. (Python runs signal handlers in
+    the main thread only: in another thread the signals keep their default action.)
 
     Example:
         >>> import os

@@ -12,9 +12,9 @@ from ddpkit.train import explog
 from ddpkit.train.explog import ExperimentLog
 
 
-def steps_in(folder: Path) -> list[int]:
+def steps_in(folder: Path, tag: str = "loss") -> list[int]:
     with (folder / "metrics.csv").open(newline="") as rows:
-        return [int(row["step"]) for row in csv.DictReader(rows) if row["tag"] == "loss"]
+        return [int(row["step"]) for row in csv.DictReader(rows) if row["tag"] == tag]
 
 
 def test_a_resumed_log_drops_the_points_after_its_checkpoint(tmp_path: Path) -> None:
@@ -54,11 +54,14 @@ def test_a_hand_written_loop_logs_at_its_steps(tmp_path: Path) -> None:
         data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
         loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, log_dir=tmp_path)
         for _ in loop.epochs(2):
+            loop.log({"epoch_lr": opt.param_groups[0]["lr"]})  # before the epoch's first batch
             for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=4)):
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loop.backward(loss)
                 loop.optimizer_step(opt)
                 loop.log({"loss": loss})
         assert steps_in(tmp_path) == [1, 2, 3, 4]
+        assert steps_in(tmp_path, "epoch_lr") == [0, 2]  # the run's first point too
+        assert steps_in(tmp_path, "train/loss") == [1, 2, 3, 4]  # the loop's own points
     finally:
         ddpkit.shutdown()
