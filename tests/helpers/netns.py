@@ -30,7 +30,20 @@ class VirtualHost:
     namespace: str
     name: str  # its host name, known to every host's /etc/hosts
     address: str
+    cable: str  # the switch's end of its link
     interface: str = "eth0"
+
+    def limit_rate(self, rate: str) -> None:
+        """Shape this host's link to ``rate`` (tc's units, "40mbit") both ways: a bad port.
+
+        tc's ``tbf``: this kernel has no ``netem`` (``tc qdisc ... netem`` says "Specified
+        qdisc kind is unknown"), and a rate limit is what a bad cable or port does.
+        """
+        shaping = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+        ip_or_tc = ["tc", "qdisc", "add", "dev"]
+        subprocess.run([*ip_or_tc, self.cable, *shaping], check=True, capture_output=True)
+        subprocess.run(["ip", "netns", "exec", self.namespace, *ip_or_tc, self.interface,
+                        *shaping], check=True, capture_output=True)  # fmt: skip
 
     def command(self, *argv: str) -> list[str]:
         """``argv`` run on this host: its network, its host name, its /etc/hosts.
@@ -59,7 +72,7 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
     tag = str(os.getpid())
     switch = f"dkbr{tag}"
     hosts = [
-        VirtualHost(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"10.250.8.{i + 2}")
+        VirtualHost(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"10.250.8.{i + 2}", f"dkv{tag}{i}")
         for i in range(count)
     ]
     try:
@@ -67,8 +80,8 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
     except subprocess.CalledProcessError as err:
         pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
     try:
-        for index, host in enumerate(hosts):
-            _plug(host, switch, f"dkv{tag}{index}", hosts)
+        for host in hosts:
+            _plug(host, switch, host.cable, hosts)
         yield hosts
     finally:
         for host in hosts:  # deleting a namespace deletes its end of the veth, and the pair

@@ -146,6 +146,23 @@ def all_gather_rows(tensor: torch.Tensor) -> list[torch.Tensor]:
     return [rows[:count].to(tensor.device) for rows, count in zip(gathered, counts, strict=True)]
 
 
+def all_gather_same(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` stacked by rank, in one all-gather: the shapes must agree (a
+    fixed-size row of numbers, say). Comes back on the CPU.
+
+    Example:
+        >>> all_gather_same(torch.tensor([1.0, 2.0]))
+        tensor([[1., 2.]])
+    """
+    if not _group_active():
+        return tensor.detach().cpu().unsqueeze(0)
+    local = _as_tensor(tensor)
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    with _collective(f"all_gather({describe_tensor(local)})"):
+        dist.all_gather(gathered, local)
+    return torch.stack(gathered).cpu()
+
+
 def all_gather_rows_count(count: int) -> list[int]:
     """Every rank's ``count``, by rank.
 

@@ -25,6 +25,7 @@ from tqdm import tqdm
 from ddpkit._core.log import PLAIN, logger
 from ddpkit.runtime.collectives import is_main
 from ddpkit.train.options import LoopOptions
+from ddpkit.train.ranktimes import RankTimes
 from ddpkit.train.state import RunState
 
 
@@ -108,6 +109,7 @@ class Console:
         self._in_epoch = 0  # steps taken in this epoch (by this run, when it resumed one)
         self._bar_shown = 0.0  # when the bar's metrics were last refreshed
         self._said_setup = False
+        self.times: RankTimes | None = None  # the ranks' step times, as last shared
 
     def fit_started(self, setup: RunSetup) -> None:
         """Say how the run is set up (once: a second ``fit`` of the same run says nothing)."""
@@ -145,12 +147,16 @@ class Console:
         pace = (now - self._since) / self._steps
         self._since, self._steps = now, 0
         shown = "".join(f"  {name} {float(value):.4f}" for name, value in metrics.items())
-        logger.info(f"{where()}{shown}  ({pace:.3f} s/step)", extra=PLAIN)
+        times = f"; {self.times.compact()}" if self.times is not None else ""
+        logger.info(f"{where()}{shown}  ({pace:.3f} s/step{times})", extra=PLAIN)
 
-    def epoch_done(self, metrics: dict[str, float], epochs: int) -> None:
-        """The epoch's line, with its metrics reduced over ranks."""
+    def epoch_done(
+        self, metrics: dict[str, float], epochs: int, times: RankTimes | None = None
+    ) -> None:
+        """The epoch's line, with its metrics reduced over ranks and the ranks' step times."""
         self._close_bar()
-        logger.info(format_epoch(metrics, epochs), extra=PLAIN)
+        self.times = None  # the next epoch's come with its first shared window
+        logger.info(format_epoch(metrics, epochs, times), extra=PLAIN)
 
     def _close_bar(self) -> None:
         if self._bar is not None:
@@ -163,11 +169,14 @@ class Console:
         now = time.perf_counter()
         if now - self._bar_shown >= 0.5:
             self._bar_shown = now
-            self._bar.set_postfix({name: f"{float(value):.4f}" for name, value in metrics.items()})
+            shown = {name: f"{float(value):.4f}" for name, value in metrics.items()}
+            if self.times is not None:
+                shown["time"] = self.times.per_step()
+            self._bar.set_postfix(shown)
 
 
-def format_epoch(metrics: dict[str, float], epochs: int) -> str:
-    """One log line for an epoch's metrics.
+def format_epoch(metrics: dict[str, float], epochs: int, times: RankTimes | None = None) -> str:
+    """One log line for an epoch's metrics (the step-time and memory figures: ``times``).
 
     Example:
         >>> format_epoch({"epoch": 2.0, "loss": 0.5, "val_loss": 0.7, "time_s": 3.0}, 10)
@@ -175,9 +184,15 @@ def format_epoch(metrics: dict[str, float], epochs: int) -> str:
     """
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}"]
     shown = {k: v for k, v in metrics.items() if k not in ("epoch", "time_s")}
-    parts += [f"{k} {v:.4f}" for k, v in shown.items() if not k.endswith("samples")]
-    parts.append(f"({metrics['time_s']:.2f} s)")
+    parts += [f"{k} {v:.4f}" for k, v in shown.items() if not _unshown(k)]
+    timing = f"; {times.compact()}" if times is not None else ""
+    parts.append(f"({metrics['time_s']:.2f} s{timing})")
     return "  ".join(parts)
+
+
+def _unshown(name: str) -> bool:
+    """Counts, and the figures the epoch line shows in its own form."""
+    return name.endswith("samples") or name.startswith(("time/", "mem/"))
 
 
 def _batch_text(per_device: int | None, world_size: int, accumulate: int) -> str:

@@ -78,9 +78,13 @@ from ddpkit.train.options import (
 )
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.progress import EpochProgress
+from ddpkit.train.rankreport import RankReport
 from ddpkit.train.state import RunState
+from ddpkit.train.steptime import Phase, StepClock
 from ddpkit.train.stop import Stop, StopKind, StopSignals, leave
 from ddpkit.train.update import Updater
+
+TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
 
 
 class TrainLoop:
@@ -144,6 +148,9 @@ class TrainLoop:
         self.events.owner = self  # what every hook receives: the Trainer points it at itself
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
         self.console = Console(logging.log_every)
+        self.clock = StepClock(run.models.values(), self.world.device)  # where steps' time goes
+        self.ranks = RankReport(self.clock)  # every rank's times, shared
+        self._window = logging.log_every or TIMES_WINDOW  # steps between sharing the times
         self.setup: RunSetup | None = None  # how the run is set up, once it started
         self.loader: Any = None  # the loader of the epoch in progress
         self.stopped: Stop | None = None  # why the last run ended early (None: it did not)
@@ -202,14 +209,17 @@ class TrainLoop:
         total = len(loader) if isinstance(loader, Sized) else None
         self._begin_epoch(loader, total, progress)
         with join_unless(self._even, self.run.model), self.monitor.ending():
-            for index, batch in enumerate(self.monitor.batches(iterator), start=progress.batches):
+            fetched = self.monitor.batches(self.clock.loading(iterator))
+            for index, batch in enumerate(fetched, start=progress.batches):
                 # A stream has no total; its loader tells, one step ahead, when it ends.
                 last = index + 1 == total or bool(getattr(iterator, "last", False))
                 self.events.call("on_train_batch_start", batch)
                 self.updater.begin(index, total, last)
+                on_device = to_device(batch, self.world.device)
                 self.monitor.phase("the loop body")
+                self.clock.enter(Phase.COMPUTE)
                 with self.updater.gradient_sync():
-                    yield to_device(batch, self.world.device)
+                    yield on_device
                 self._end_batch(progress, batch, index, last)
         progress.end()
 
@@ -222,6 +232,7 @@ class TrainLoop:
         fp16's loss scaling; use it instead of ``loss.backward()``."""
         self.monitor.phase(backward_label(self.updater.final, self.world.world_size))
         self.updater.backward(loss)
+        self.clock.backward_done()
         if self._progress is not None:
             self._progress.note_loss(loss)
 
@@ -230,6 +241,7 @@ class TrainLoop:
         ``optimizers`` (default: all). Every rank calls it alike (it may exchange flags with
         the others). Before an accumulation group's last batch it does nothing."""
         self.monitor.phase("optimizer step")
+        self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
         self.updater.optimizer_step(chosen, self._even, self._stop_signal())
 
@@ -304,16 +316,20 @@ class TrainLoop:
             )
         self._even = spread is None
         self.updater.zero_grad()
+        self.ranks.epoch_started()
 
     def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
         metrics = progress.end_batch(batch)
         self.console.batch_done()
         stepped, signal = self.updater.end_group()
         if stepped:
+            self.clock.step_done()
             progress.batches = index + 1
             self.monitor.next_step(self.run.step + 1)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
-            self.console.step_done(lambda: self._where(progress), metrics)
+            if self._even and self.run.step % self._window == 0:  # every rank is here
+                self.console.times = self.ranks.share(self.loader)
+            self.console.step_done(lambda: progress.where(self._epochs, self.loader), metrics)
         self.events.call("on_train_batch_end", batch, metrics)
         if stepped:  # after the hooks: they saw the step
             self._after_step(progress, last, limit, signal)
@@ -335,11 +351,13 @@ class TrainLoop:
         self.updater.step_schedulers("epoch")
         progress = self._progress if self._progress and self._progress.epoch == epoch else None
         trained = {**progress.sums.reduce(), "time_s": progress.elapsed_s} if progress else {}
+        if progress:  # every rank's step times and memory, shared
+            trained.update(self.ranks.epoch_end(self.loader))
         metrics = {"epoch": float(epoch + 1), **trained, **self._added}
         self.run.epoch = epoch + 1
         self.events.call("on_train_epoch_end", metrics)  # may add metrics
         self.run.history.append(metrics)
-        self.console.epoch_done(metrics, self._epochs)
+        self.console.epoch_done(metrics, self._epochs, self.ranks.latest if progress else None)
         signal = self.guard.epoch_end(self._stop_signal())
         if signal:
             self._preempt(signal, None)
@@ -351,11 +369,6 @@ class TrainLoop:
         path, where = self._save(progress), self._position(progress).describe()
         said = f"stopped by {signal} at {where} after saving {path}; run the same command again"
         self._stop(Stop(StopKind.PREEMPTED, said + " to resume"))
-
-    def _where(self, progress: EpochProgress) -> str:
-        total = len(self.loader) if isinstance(self.loader, Sized) else None
-        done = f"{progress.batches}/{total}" if total is not None else str(progress.batches)
-        return f"epoch {progress.epoch + 1}/{self._epochs}  batch {done}"
 
     def _position(self, progress: EpochProgress | None) -> Position:
         """Where the run stands: an epoch's end, or a step part-way through ``progress``."""
@@ -373,6 +386,7 @@ class TrainLoop:
         """The end hooks, whether training completed or stopped early (``stop``)."""
         self._start(None)  # nothing ran (already trained): the start hooks still come first
         self.stopped = stop
+        self.clock.close()
         self.events.call("on_fit_end")
 
     def _stop(self, stop: Stop) -> NoReturn:

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
@@ -85,6 +85,12 @@ class EpochProgress:
         self.sums.add(metrics, samples if samples is not None else batch_size_of(batch))
         self._loss, self._recorded = None, None
         return metrics
+
+    def where(self, epochs: int, loader: Any) -> str:
+        """``epoch 1/3  batch 2/5`` (a loader without a length: ``batch 2``)."""
+        total = len(loader) if isinstance(loader, Sized) else None
+        done = f"{self.batches}/{total}" if total is not None else str(self.batches)
+        return f"epoch {self.epoch + 1}/{epochs}  batch {done}"
 
     def batches_from(self, loader: Any) -> Iterator[Any]:
         """The epoch's batches from where it stands."""

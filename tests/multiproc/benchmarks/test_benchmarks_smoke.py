@@ -85,3 +85,9 @@ def test_loop_overhead_benchmark_reports_each_way() -> None:
     out = run_benchmark("benchmarks/loop_overhead.py", "--rounds", "1", "--samples", "256")
     for way in ("plain", "trainer", "loop"):
         assert re.search(rf"{way} +\d+\.\d us/step", out), out
+
+
+def test_step_times_overhead_benchmark_prints_the_ratio() -> None:
+    out = run_benchmark("benchmarks/step_times_overhead.py", "--rounds", "1", "--samples", "512")
+    fastest = float(out.split("ratio on/off: fastest")[1].split()[0])
+    assert fastest > 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,14 @@ def test_bench_on_wine_writes_table_json_csv_and_charts(
 
     with (out / "results.csv").open() as handle:
         assert [row["workers"] for row in csv.DictReader(handle)] == ["1", "2"]
-    for chart in ("duration.png", "loss.png"):
+    for chart in ("duration.png", "loss.png", "breakdown.png"):
         assert (out / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for row in rows:  # where the step's time goes, and the memory, at each size
+        assert set(row["step_ms"]) == {"data", "compute", "sync", "optimizer", "other"}
+        assert sum(row["step_ms"].values()) > 0 and row["peak_mem_mb"] > 10
+    assert rows[0]["step_ms"]["sync"] < 0.05  # one process: nothing to wait for
+    assert re.search(r"\| [\d.]+ = [\d.]+ \+ [\d.]+ \+ [\d.]+ \+ [\d.]+ \+ [\d.]+ \| \d+ MB \|",
+                     done.stdout)  # fmt: skip
 
 
 def test_bench_reports_a_failing_script_with_its_output(tmp_path: Path) -> None:

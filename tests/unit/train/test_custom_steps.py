@@ -60,7 +60,8 @@ def test_a_step_function_over_dict_batches_trains_as_the_default_step_does() -> 
         torch.equal(a, b)
         for a, b in zip(cpu_state(model.net).values(), cpu_state(plain).values(), strict=True)
     )
-    assert trainer.history[-1].keys() == {"epoch", "loss", "samples", "time_s"}
+    trained = {k for k in trainer.history[-1] if not k.startswith(("time/", "mem/"))}
+    assert trained == {"epoch", "loss", "samples", "time_s"}
 
 
 class Weighted(ddpkit.Trainer):

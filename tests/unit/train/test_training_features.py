@@ -170,7 +170,7 @@ def test_log_every_prints_rank0s_loss_every_n_steps(capsys: pytest.CaptureFixtur
         model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy, log_every=2
     )
     trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=1)  # 5 steps
-    lines = [line for line in capsys.readouterr().out.splitlines() if "s/step" in line]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "  batch " in line]
     assert [line.split("  loss")[0] for line in lines] == [
         "epoch 1/1  batch 2/5",
         "epoch 1/1  batch 4/5",

@@ -227,7 +227,26 @@ def _row(size: int, runs: list[RunRecord]) -> dict[str, Any]:
         "final_loss": last["loss"],
         "val_metric": _val_metric(last),
         "losses": [e["loss"] for e in runs[0].epochs],
+        "step_ms": _phase_ms(runs),
+        "peak_mem_mb": _median_of(runs, "mem/peak_mb"),
     }
+
+
+PHASES = ("data", "compute", "sync", "optimizer", "other")  # ddpkit.train.steptime's
+
+
+def _phase_ms(runs: list[RunRecord]) -> dict[str, float] | None:
+    """Milliseconds per step by phase: medians over the runs' epochs after the first (it
+    warms up) when there are several; None when the runs did not report them."""
+    phases = {name: _median_of(runs, f"time/{name}_ms") for name in PHASES}
+    if any(value is None for value in phases.values()):
+        return None
+    return {name: float(value) for name, value in phases.items() if value is not None}
+
+
+def _median_of(runs: list[RunRecord], key: str) -> float | None:
+    values = [e[key] for r in runs for e in (r.epochs[1:] or r.epochs) if key in e]
+    return statistics.median(values) if values else None
 
 
 def efficiency(speedup: float, workers: int, baseline_workers: int) -> float:

@@ -5,12 +5,14 @@ variables, what ``ddpkit.init()`` would choose) and runs the tutorials' troubles
 as checks, each PASS / WARN / FAIL / SKIP with the numbers and the fix. ``--smoke`` launches
 an all_reduce on N ranks through the real launcher and measures its bandwidth; ``--run
 SCRIPT`` trains briefly to advise on batch size, LR and GPU utilization. The exit code is 1
-when a check FAILed.
+when a check FAILed. ``--nodes``, run on every host of a job, measures the links between the
+hosts and names a slow host or link (:mod:`ddpkit.tools.doctor.links`).
 
 Example:
     $ ddpkit doctor
     $ ddpkit doctor --smoke --json > doctor.json
     $ ddpkit doctor --master 10.0.0.1:29500 --run train.py --epochs 1
+    $ ddpkit run --nnodes 3 --node-rank 0 --master 10.0.0.1:29500 -m ddpkit doctor --nodes
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
 from ddpkit.launch.plan import check_nproc
 from ddpkit.launch.program import check_script
-from ddpkit.tools.doctor import envinfo, netcheck, preflight, probe
+from ddpkit.tools.doctor import envinfo, links, netcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
 from ddpkit.tools.doctor.smoke import size_text
 
@@ -85,6 +87,10 @@ def add_arguments(doctor: argparse.ArgumentParser) -> None:
                         help=f"optimizer steps for --run (default: {DEFAULT_STEPS})")  # fmt: skip
     doctor.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds --smoke / --run may take (default: 300)")  # fmt: skip
+    doctor.add_argument("--nodes", action="store_true",
+                        help="run on every host of a job: name a slow link or host")  # fmt: skip
+    doctor.add_argument("--link-mib", type=float, default=16.0, metavar="MIB",
+                        help="message size for --nodes' bandwidth (default: 16)")  # fmt: skip
     doctor.add_argument("--run", nargs=argparse.REMAINDER, default=None, metavar="SCRIPT ...",
                         help="SCRIPT [ARGS]: train briefly; batch/LR, GPU use")  # fmt: skip
     # What follows `--run SCRIPT --` lands here (argparse stops --run's REMAINDER at "--").
@@ -125,6 +131,8 @@ def main(args: argparse.Namespace) -> int:
 
         main(parser.parse_args(["--smoke"]))   # ddpkit doctor --smoke
     """
+    if args.nodes:
+        return _links(args)
     options = options_from_args(args)
     if options.script is not None:
         check_script(options.script)  # a typo is a usage error, not a failed launch
@@ -134,6 +142,21 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(render(report))
     return 0 if report["ok"] else 1
+
+
+def _links(args: argparse.Namespace) -> int:
+    """``--nodes``, as one rank of a job: rank 0 prints what the links showed."""
+    import ddpkit
+
+    if args.link_mib <= 0:
+        raise ConfigError(f"--link-mib must be positive (got {args.link_mib:g})")
+    try:
+        results = links.measure_links(max(4, int(args.link_mib * 2**20)))
+    finally:
+        ddpkit.shutdown()
+    if results is not None:
+        print(json.dumps(results, indent=2) if args.json else "\n".join(links.table(results)))
+    return 0
 
 
 def build_report(

@@ -1,0 +1,257 @@
+"""Where a rank's step time goes: waiting for data, computing, exposed sync, the optimizer, other.
+
+The loop tells the clock each time a step moves on (a batch is requested, it arrived, the
+backward returned, the optimizer step began, the step ended); the clock adds the time since
+the last move to the phase that was running. The phases:
+
+- **data**: waiting for the next batch and moving it to the device (host clock: the host
+  is what waits);
+- **compute**: forward and backward, up to the moment the last parameter's gradient is
+  ready, and your code until the optimizer step;
+- **sync**: from that moment to the backward's return: the gradient all-reduce that the
+  backward did not hide (*exposed* communication; this is where a rank waits for a slower
+  one). The last gradient is found once, on the first backward (a hook on each parameter,
+  then on that one only). FSDP's sharded parameters give no such moment: their
+  reduce-scatter is counted in compute;
+- **optimizer**: the guard's verdict, ``opt.step()``, your scheduler step;
+- **other**: the rest of the wall time: checkpoints, evaluation, callbacks, the epoch's end.
+
+On a GPU, compute, sync and the optimizer are timed by CUDA events on the current stream
+(the host runs ahead of the GPU, so its clock would time the launches), read only when the
+ranks share their times; data and wall time stay on the host clock.
+
+Example:
+    >>> import torch
+    >>> model = torch.nn.Linear(2, 1)
+    >>> clock = StepClock([model], torch.device("cpu"))
+    >>> clock.enter(Phase.COMPUTE)
+    >>> model(torch.ones(3, 2)).sum().backward()
+    >>> clock.backward_done()
+    >>> clock.enter(Phase.OPTIMIZER)
+    >>> clock.step_done()
+    >>> times = clock.totals()
+    >>> times.steps, times.seconds[Phase.COMPUTE] > 0
+    (1, True)
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Phase(enum.Enum):
+    """The parts of a step (see the module's docstring)."""
+
+    DATA = "data"
+    COMPUTE = "compute"
+    SYNC = "sync"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"
+
+
+DEVICE_PHASES = (Phase.COMPUTE, Phase.SYNC, Phase.OPTIMIZER)  # CUDA events time these on GPU
+WORK = (Phase.DATA, Phase.COMPUTE, Phase.OPTIMIZER)  # what a rank does itself, not waiting
+_STEPS_KEPT = 1024  # recent steps whose own work is kept for the percentile
+_MAX_PENDING = 4096  # GPU intervals kept unread at most (reading them waits for the GPU)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """A rank's steps and seconds by phase since the epoch began (other: the rest of wall).
+
+    Example:
+        >>> StepTimes(2, 1.0, {Phase.DATA: 0.5}).seconds[Phase.OTHER]
+        0.5
+    """
+
+    steps: int
+    wall_s: float
+    timed: dict[Phase, float]
+    quick_work_s: float = 0.0  # data + compute + optimizer of its quicker steps (25th pct.)
+
+    @property
+    def seconds(self) -> dict[Phase, float]:
+        """Every phase's seconds, other included."""
+        known: dict[Phase, float] = {
+            phase: self.timed.get(phase, 0.0) for phase in Phase if phase is not Phase.OTHER
+        }
+        return {**known, Phase.OTHER: max(0.0, self.wall_s - sum(known.values()))}
+
+
+class StepClock:
+    """One rank's step times, phase by phase (``enabled=False``: it does nothing).
+
+    Example::
+
+        clock = StepClock(run.models.values(), world.device)
+    """
+
+    def __init__(self, models: Iterable[nn.Module], device: torch.device) -> None:
+        self.enabled = True
+        self._cuda = device.type == "cuda"
+        self._grads = GradsReady([p for m in models for p in m.parameters()], self._cuda)
+        self.restart()
+
+    def restart(self) -> None:
+        """Start counting afresh (an epoch begins), in the 'other' phase."""
+        self.steps = 0
+        self._phase = Phase.OTHER
+        self._started = self._since = time.perf_counter()
+        self._event = self._record()
+        self._host: dict[Phase, float] = dict.fromkeys(Phase, 0.0)
+        self._device: dict[Phase, float] = dict.fromkeys(DEVICE_PHASES, 0.0)  # GPU: read
+        self._pending: list[tuple[Phase, int, Any, Any]] = []  # GPU: unread intervals
+        self._work: dict[int, float] = {}  # each recent step's own work, by step
+
+    def enter(self, phase: Phase) -> None:
+        """The step moves on to ``phase``; the time since the last move goes to the last."""
+        if not self.enabled:
+            return
+        now, event = time.perf_counter(), self._record()
+        self._add(self._phase, self._since, now, self._event, event)
+        self._phase, self._since, self._event = phase, now, event
+        if phase is Phase.COMPUTE:
+            self._grads.arm()
+
+    def backward_done(self) -> None:
+        """A backward returned: the time since the last gradient was ready is exposed sync."""
+        if not self.enabled:
+            return
+        ready_at, ready_event = self._grads.settle(since=self._since)
+        if ready_at is None:
+            return  # no gradient hook ran: all of it stays compute
+        now, event = time.perf_counter(), self._record()
+        self._add(Phase.COMPUTE, self._since, ready_at, self._event, ready_event)
+        self._add(Phase.SYNC, ready_at, now, ready_event, event)
+        self._since, self._event = now, event
+
+    def step_done(self) -> None:
+        """An optimizer step ended; what follows until the next batch request is 'other'."""
+        if self.enabled:
+            self.enter(Phase.OTHER)
+            self.steps += 1
+
+    def loading(self, iterator: Iterator[Any]) -> Iterator[Any]:
+        """``iterator``'s items, each request timed as data."""
+        while True:
+            self.enter(Phase.DATA)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                self.enter(Phase.OTHER)
+                return
+            yield item
+
+    def totals(self) -> StepTimes:
+        """The epoch's times so far (on a GPU this waits for the events recorded so far)."""
+        now = time.perf_counter()
+        timed = dict(self._host)
+        timed[self._phase] += now - self._since  # the phase in progress, up to now
+        if self._cuda:
+            self._read_events()
+            timed.update(self._device)
+        done = [self._work.get(step, 0.0) for step in range(self.steps - _STEPS_KEPT, self.steps)
+                if step >= 0]  # fmt: skip
+        quick = statistics.quantiles(done, n=4)[0] if len(done) > 1 else sum(done)
+        return StepTimes(self.steps, now - self._started, timed, quick)
+
+    def close(self) -> None:
+        """Remove the gradient hook (training is over)."""
+        self._grads.remove()
+
+    def _add(self, phase: Phase, start: float, end: float, start_ev: Any, end_ev: Any) -> None:
+        self._host[phase] += end - start
+        if self._cuda and phase in DEVICE_PHASES and start_ev is not None:
+            self._pending.append((phase, self.steps, start_ev, end_ev))
+            if len(self._pending) > _MAX_PENDING:  # an epoch without a shared window
+                self._read_events()
+        else:
+            self._add_work(phase, self.steps, end - start)
+
+    def _add_work(self, phase: Phase, step: int, seconds: float) -> None:
+        if phase in WORK:
+            self._work[step] = self._work.get(step, 0.0) + seconds
+            self._work.pop(step - _STEPS_KEPT, None)  # keep the recent steps only
+
+    def _read_events(self) -> None:
+        """Add the recorded GPU intervals to the device times (waits for the last one)."""
+        for phase, step, start, end in self._pending:
+            end.synchronize()
+            seconds = start.elapsed_time(end) / 1000.0
+            self._device[phase] += seconds
+            self._add_work(phase, step, seconds)
+        self._pending.clear()
+
+    def _record(self) -> Any:
+        if not self._cuda:
+            return None
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
+
+
+class GradsReady:
+    """When the last parameter's gradient of a backward was ready: hooks on every parameter
+    for the first backward, then on the one that came last only (the order does not change).
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> grads = GradsReady(list(model.parameters()), cuda=False)
+        >>> grads.arm()
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> grads.settle(since=0.0)[0] is not None
+        True
+    """
+
+    def __init__(self, params: list[nn.Parameter], cuda: bool) -> None:
+        self._params = [p for p in params if p.requires_grad]
+        self._cuda = cuda
+        self._handles: dict[int, Any] = {}
+        self._calibrated = False
+        self._last: int | None = None
+        self._at: float | None = None
+        self._event: Any = None
+
+    def arm(self) -> None:
+        """Before the first backward: a hook on every parameter."""
+        if self._calibrated or self._handles:
+            return
+        for index, param in enumerate(self._params):
+            hook = self._hook(index)
+            self._handles[index] = param.register_post_accumulate_grad_hook(hook)  # type: ignore[no-untyped-call]
+
+    def settle(self, since: float) -> tuple[float | None, Any]:
+        """After a backward: when its last gradient was ready (None: no hook ran since
+        ``since``), and its CUDA event. The first time, only that parameter's hook stays."""
+        if not self._calibrated and self._handles and self._last is not None:
+            for index, handle in list(self._handles.items()):
+                if index != self._last:
+                    handle.remove()
+                    del self._handles[index]
+            self._calibrated = True
+        if self._at is None or self._at < since:
+            return None, None
+        return self._at, self._event
+
+    def remove(self) -> None:
+        """Remove every hook."""
+        for handle in self._handles.values():
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, index: int) -> Any:
+        def ready(_param: torch.Tensor) -> None:
+            self._at, self._last = time.perf_counter(), index
+            if self._cuda:  # marks the GPU stream right after this gradient's kernels
+                self._event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                self._event.record()
+
+        return ready

@@ -1,0 +1,80 @@
+"""Who is slow and why: the step-time reports of real 2-worker jobs slowed in known ways.
+
+tests/scripts/slow_rank.py slows rank 1 by a sleep in its step (the Trainer), or pins it to a
+core it shares with a busy loop (taskset; a hand-written loop), or makes every sample slow
+to load with num_workers=0; and runs a balanced job 10 times. The reports must name rank 1
+and the phase, call the slow dataset data-bound with the advice, name rank 1's extra 400 MB,
+and name no straggler in the 10 balanced runs (each rank on a core of its own; a process's
+first epoch is its warm-up and is not judged). Every epoch's history carries the breakdown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli
+
+pytestmark = pytest.mark.multiproc
+
+PHASES = ("data", "compute", "sync", "optimizer", "other")
+
+
+def run_case(case: str, out: Path) -> tuple[str, list[list[dict[str, Any]]]]:
+    done = ddpkit_cli("run", "--nproc", "2", str(SCRIPTS / "slow_rank.py"), case, str(out),
+                      timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    histories: list[list[dict[str, Any]]] = json.loads((out / f"history-{case}.json").read_text())
+    return done.stderr + done.stdout, histories
+
+
+def stragglers(output: str) -> list[str]:
+    return [line for line in output.splitlines() if "straggler:" in line]
+
+
+def test_a_rank_sleeping_in_its_step_is_named_with_the_phase_and_its_memory(
+    tmp_path: Path,
+) -> None:
+    output, [history] = run_case("sleep", tmp_path)
+    [line] = stragglers(output)  # said once, though both epochs show it
+    found = re.search(r"rank 1 is (\d+)% slower than the median rank: \+([\d.]+) ms per step "
+                      r"computing", line)  # fmt: skip
+    assert found, line
+    assert 35 <= float(found[2]) <= 60  # the 40 ms sleep
+    assert "rank 1 peaks at" in output  # the 400 MB it holds
+    for epoch in history:
+        phases = [epoch[f"time/{phase}_ms"] for phase in PHASES]
+        assert sum(phases) == pytest.approx(epoch["time/step_ms"])
+        assert epoch["time/slowest_rank"] == 1.0 and epoch["mem/peak_rank"] == 1.0
+        assert epoch["time/work_ms_max"] - epoch["time/work_ms_min"] > 35
+    epoch_lines = [line for line in output.splitlines() if line.startswith("epoch ")]
+    assert all(re.search(r"ms/step: data [\d.]+, compute", line) for line in epoch_lines)
+    assert all("peak memory" in line and "(rank 1)" in line for line in epoch_lines)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin ranks to")
+def test_a_rank_sharing_its_core_is_named_computing(tmp_path: Path) -> None:
+    output, _ = run_case("taskset", tmp_path)
+    [line, *_] = stragglers(output)
+    assert re.search(r"rank 1 is \d+% slower than the median rank: \+[\d.]+ ms per step "
+                     r"computing", line), line  # fmt: skip
+
+
+def test_a_slow_dataset_is_called_data_bound_once_with_the_advice(tmp_path: Path) -> None:
+    output, [history] = run_case("data", tmp_path)
+    [line] = [line for line in output.splitlines() if "data-bound:" in line]  # once
+    assert "num_workers=0" in line and "persistent_workers=True" in line
+    assert stragglers(output) == []  # every rank waits alike
+    for epoch in history:  # 16 samples of 5 ms per step
+        assert 75 <= epoch["time/data_ms"] <= 0.97 * epoch["time/step_ms"]
+
+
+def test_ten_balanced_runs_name_no_straggler(tmp_path: Path) -> None:
+    output, histories = run_case("balanced", tmp_path)
+    assert len(histories) == 10
+    assert stragglers(output) == [], "\n".join(stragglers(output))

@@ -1,0 +1,133 @@
+"""Runs whose ranks are slow in known ways, for the step-time reports (run with ddpkit run).
+
+    slow_rank.py sleep     rank 1 sleeps 40 ms in every step (Trainer) and holds 400 MB more
+    slow_rank.py taskset   rank 1 shares its core with a busy loop (TrainLoop, 4 epochs)
+    slow_rank.py data      every sample takes 5 ms to load, num_workers=0 (TrainLoop)
+    slow_rank.py balanced  10 runs of a balanced job, each rank on a core of its own (Trainer)
+
+Each run's epoch history goes to <out>/history-<case>.json (rank 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import ddpkit
+
+STEPS = 24  # per epoch
+BATCH = 512
+
+
+class Samples(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, count: int, load_s: float = 0.0) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.x = torch.randn(count, 64, generator=generator)
+        self.y = torch.randint(0, 4, (count,), generator=generator)
+        self.load_s = load_s
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.load_s:
+            time.sleep(self.load_s)
+        return self.x[index], self.y[index]
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    # Compute-heavy, communication-light (83k parameters, batches of 512): on CPU the gradient
+    # all-reduce's threads share the cores with the other rank's compute, which makes a rank
+    # slower for an epoch on a machine with one core per rank (see docs/slow-jobs.md).
+    layers = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                           nn.Linear(256, 4))  # fmt: skip
+    return ddpkit.prepare_model(layers)
+
+
+def loader(load_s: float = 0.0, batch: int = BATCH) -> torch.utils.data.DataLoader[object]:
+    world = ddpkit.current_world()
+    data = Samples(STEPS * batch * world.world_size, load_s)
+    return ddpkit.prepare_loader(data, batch_size=batch)
+
+
+def trainer_run(sleep_on_rank1: float = 0.0) -> list[dict[str, float]]:
+    net = model()
+    rank = ddpkit.current_world().rank
+
+    def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if rank == 1 and sleep_on_rank1:
+            time.sleep(sleep_on_rank1)
+        x, y = batch
+        return nn.functional.cross_entropy(net(x), y)
+
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    return ddpkit.Trainer(net, opt, training_step=step).fit(loader(), epochs=2)
+
+
+def loop_run(load_s: float = 0.0, epochs: int = 2, batch: int = BATCH) -> list[dict[str, float]]:
+    net = model()
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    loop = ddpkit.TrainLoop({"model": net, "optimizer": opt})
+    train = loader(load_s, batch)
+    for _epoch in loop.epochs(epochs):
+        for x, y in loop.batches(train):
+            loop.backward(nn.functional.cross_entropy(net(x), y))
+            loop.optimizer_step()
+    return loop.history
+
+
+def core_of_its_own() -> None:
+    """Each rank on a core of its own, as each has a GPU of its own: the system does not
+    move two ranks onto one core for a while (which makes one slower for that while)."""
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cores[ddpkit.current_world().rank % len(cores)]})
+
+
+def busy_core_for_rank1() -> subprocess.Popen[bytes] | None:
+    """Rank 0 on core 0; rank 1 and a busy loop on core 1 (each gets about half of it)."""
+    rank = ddpkit.current_world().rank
+    cores = sorted(os.sched_getaffinity(0))
+    core_of_its_own()
+    if rank != 1:
+        return None
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    os.sched_setaffinity(hog.pid, {cores[1 % len(cores)]})
+    return hog
+
+
+def main() -> None:
+    case, out = sys.argv[1], Path(sys.argv[2])
+    ddpkit.init(seed=0)
+    rank = ddpkit.current_world().rank
+    histories = []
+    if case == "sleep":
+        ballast = torch.ones(400 * 2**20 // 4) if rank == 1 else None  # 400 MB, touched
+        histories.append(trainer_run(sleep_on_rank1=0.04))
+        del ballast
+    elif case == "taskset":
+        hog = busy_core_for_rank1()
+        try:
+            histories.append(loop_run(epochs=4))  # the busy loop's share varies by epoch
+        finally:
+            if hog is not None:
+                hog.kill()
+    elif case == "data":
+        histories.append(loop_run(load_s=0.005, batch=16))  # 80 ms of loading per step
+    else:
+        core_of_its_own()
+        histories += [trainer_run() for _ in range(10)]
+    if rank == 0:
+        (out / f"history-{case}.json").write_text(json.dumps(histories))
+    ddpkit.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The step clock, the ranks' figures and what rank 0 says of them, without processes."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+import torch
+
+import ddpkit
+from ddpkit.runtime.memory import peak_memory_bytes, reset_peak_memory
+from ddpkit.train.console import format_epoch
+from ddpkit.train.rankreport import data_advice
+from ddpkit.train.ranktimes import RankTimes, times_row
+from ddpkit.train.steptime import GradsReady, Phase, StepClock, StepTimes
+
+MB = 2**20
+
+
+def row(data: float, compute: float, sync: float, optimizer: float = 0.001, steps: int = 10,
+        peak_mb: float = 300.0, work: float | None = None) -> list[float]:  # fmt: skip
+    """One rank's row with per-step milliseconds given in seconds per step."""
+    wall = (data + compute + sync + optimizer) * steps
+    timed = {Phase.DATA: data * steps, Phase.COMPUTE: compute * steps,
+             Phase.SYNC: sync * steps, Phase.OPTIMIZER: optimizer * steps}  # fmt: skip
+    own = work if work is not None else data + compute + optimizer
+    return times_row(StepTimes(steps, wall, timed, own), int(peak_mb * MB))
+
+
+def test_the_clock_adds_each_moment_to_the_phase_that_ran() -> None:
+    clock = StepClock([], torch.device("cpu"))
+    clock.enter(Phase.DATA)
+    time.sleep(0.02)
+    clock.enter(Phase.COMPUTE)
+    time.sleep(0.03)
+    clock.enter(Phase.OPTIMIZER)
+    time.sleep(0.01)
+    clock.step_done()
+    times = clock.totals()
+    assert times.steps == 1
+    assert times.seconds[Phase.DATA] == pytest.approx(0.02, abs=0.015)
+    assert times.seconds[Phase.COMPUTE] == pytest.approx(0.03, abs=0.015)
+    assert times.quick_work_s == pytest.approx(0.06, abs=0.02)
+    assert sum(times.seconds.values()) == pytest.approx(times.wall_s)
+
+
+def test_the_backward_splits_into_compute_and_the_wait_after_the_last_gradient() -> None:
+    model = torch.nn.Linear(8, 8)
+    clock = StepClock([model], torch.device("cpu"))
+    clock.enter(Phase.COMPUTE)
+    model(torch.ones(2, 8)).sum().backward()
+    time.sleep(0.03)  # as a rank would wait in the all-reduce after its last gradient
+    clock.backward_done()
+    clock.step_done()
+    seconds = clock.totals().seconds
+    assert seconds[Phase.SYNC] >= 0.03 > seconds[Phase.COMPUTE]
+
+
+def test_after_the_first_backward_one_gradient_hook_is_left() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    grads = GradsReady(list(model.parameters()), cuda=False)
+    grads.arm()
+    assert len(grads._handles) == 4
+    model(torch.ones(1, 2)).sum().backward()
+    at, _ = grads.settle(since=0.0)
+    assert at is not None and len(grads._handles) == 1
+    assert grads.settle(since=time.perf_counter())[0] is None  # nothing ran since
+    grads.remove()
+    assert grads._handles == {}
+
+
+def test_a_clock_turned_off_records_nothing() -> None:
+    clock = StepClock([], torch.device("cpu"))
+    clock.enabled = False
+    clock.enter(Phase.DATA)
+    clock.step_done()
+    assert clock.totals().steps == 0
+
+
+def test_the_straggler_is_the_rank_with_the_most_work_and_its_phase() -> None:
+    rows = [row(0.001, 0.010, 0.030), row(0.001, 0.010, 0.030), row(0.035, 0.010, 0.0)]
+    straggler = RankTimes.from_rows(rows, ["a", "a", "b"]).straggler()
+    assert straggler is not None
+    assert (straggler.rank, straggler.phase, straggler.host) == (2, Phase.DATA, "b")
+    assert straggler.describe().startswith("rank 2 (host b) is 283% slower than the median")
+    assert "+34.0 ms per step waiting for data" in straggler.describe()
+
+
+THRESHOLD_CASES = [((0.010, 0.0148), False), ((0.010, 0.0152), True),
+                   ((0.001, 0.0028), False), ((0.001, 0.0031), True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(("work", "named"), THRESHOLD_CASES)
+def test_the_straggler_threshold_is_relative_and_absolute(
+    work: tuple[float, float], named: bool
+) -> None:
+    rows = [row(0.0, w, 0.0, 0.0, work=w) for w in work]
+    assert (RankTimes.from_rows(rows, ["a", "a"]).straggler() is not None) is named
+
+
+def test_a_step_the_core_was_taken_from_does_not_make_a_straggler() -> None:
+    # Rank 1's mean compute is high (a few preempted steps); its quicker steps are not.
+    rows = [row(0.0, 0.010, 0.010, work=0.010), row(0.0, 0.020, 0.0, work=0.0105)]
+    assert RankTimes.from_rows(rows, ["a", "a"]).straggler() is None
+
+
+def test_one_rank_has_no_straggler_and_a_line_without_a_rank() -> None:
+    times = RankTimes.from_rows([row(0.002, 0.006, 0.0)], ["a"])
+    assert times.straggler() is None and times.memory_outlier() is None
+    assert times.compact().endswith("peak memory 300 MB")
+
+
+def test_data_bound_needs_every_rank_waiting_for_data() -> None:
+    waiting = RankTimes.from_rows([row(0.008, 0.004, 0.0), row(0.008, 0.004, 0.0)], ["a", "a"])
+    assert waiting.data_bound() and waiting.data_share() == pytest.approx(8 / 13, rel=0.01)
+    one = RankTimes.from_rows([row(0.008, 0.004, 0.0), row(0.0, 0.004, 0.008)], ["a", "a"])
+    assert not one.data_bound()
+
+
+def test_a_rank_with_far_more_memory_is_named() -> None:
+    rows = [row(0.0, 0.01, 0.0, peak_mb=300), row(0.0, 0.01, 0.0, peak_mb=700)]
+    assert RankTimes.from_rows(rows, ["a", "a"]).memory_outlier() == (
+        "rank 1 peaks at 700 MB of memory, the median of the others 300 MB"
+    )
+    close = [row(0.0, 0.01, 0.0, peak_mb=300), row(0.0, 0.01, 0.0, peak_mb=400)]
+    assert RankTimes.from_rows(close, ["a", "a"]).memory_outlier() is None
+
+
+def test_the_figures_for_the_logs_add_up() -> None:
+    rows = [row(0.001, 0.010, 0.004), row(0.002, 0.012, 0.001, peak_mb=350)]
+    metrics = RankTimes.from_rows(rows, ["a", "a"]).metrics()
+    phases = ("data", "compute", "sync", "optimizer", "other")
+    assert sum(metrics[f"time/{p}_ms"] for p in phases) == pytest.approx(metrics["time/step_ms"])
+    assert metrics["time/step_ms"] == pytest.approx(16.0)
+    assert (metrics["time/work_ms_min"], metrics["time/work_ms_max"]) == pytest.approx((12, 15))
+    assert (metrics["mem/peak_mb"], metrics["mem/peak_rank"]) == (350.0, 1.0)
+
+
+def test_the_epoch_line_shows_the_breakdown_in_its_own_form() -> None:
+    times = RankTimes.from_rows([row(0.001, 0.010, 0.004), row(0.001, 0.010, 0.004)], ["a"] * 2)
+    metrics = {"epoch": 1.0, "loss": 0.5, "time_s": 2.0, **times.metrics()}
+    assert format_epoch(metrics, 3, times) == (
+        "epoch 1/3  loss 0.5000  (2.00 s; 16.0 ms/step: data 1.0, compute 10.0, sync 4.0, "
+        "optimizer 1.0, other 0.0; peak memory 300 MB (rank 0))"
+    )
+
+
+class Loader:
+    def __init__(self, **settings: Any) -> None:
+        defaults = {"num_workers": 0, "pin_memory": False, "persistent_workers": False,
+                    "prefetch_factor": None}  # fmt: skip
+        self.__dict__.update({**defaults, **settings})
+
+
+@pytest.mark.parametrize(
+    ("settings", "cores", "cuda", "says"),
+    [
+        ({}, 8, False, "num_workers=7 (8 cores per rank here), with persistent_workers=True"),
+        ({}, 1, True, "share the cores with training), with persistent_workers=True and "
+                      "pin_memory=True"),
+        ({"num_workers": 2, "persistent_workers": True}, 8, False,
+         "raise the loader's num_workers from 2 (this machine has 8 cores per rank)"),
+        ({"num_workers": 4, "persistent_workers": True, "prefetch_factor": 2}, 4, False,
+         "make each sample cheaper to load"),
+    ],
+)  # fmt: skip
+def test_the_data_advice_fits_the_loader_and_the_cores(
+    settings: dict[str, Any], cores: int, cuda: bool, says: str
+) -> None:
+    assert says in data_advice(Loader(**settings), cores, cuda)
+
+
+def test_a_loader_that_is_not_a_dataloader_gets_general_advice() -> None:
+    assert "not a DataLoader" in data_advice([1, 2], 4, False)
+
+
+def test_the_cpu_peak_starts_again_each_epoch() -> None:
+    cpu = torch.device("cpu")
+    ballast = torch.ones(200 * MB // 4)  # touched: resident
+    high = peak_memory_bytes(cpu)
+    del ballast
+    reset_peak_memory(cpu)
+    assert peak_memory_bytes(cpu) < high - 100 * MB
+
+
+def test_a_trained_epoch_carries_the_breakdown(caplog: pytest.LogCaptureFixture) -> None:
+    ddpkit.init()
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.utils.data.TensorDataset(torch.ones(8, 4), torch.zeros(8, 1))
+        loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+        with caplog.at_level(logging.INFO, logger="ddpkit"):
+            for _ in loop.epochs(1):
+                for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
+                    loop.backward(torch.nn.functional.mse_loss(model(x), y))
+                    loop.optimizer_step()
+    finally:
+        ddpkit.shutdown()
+    epoch = loop.history[0]
+    assert epoch["time/step_ms"] > 0 and epoch["mem/peak_mb"] > 10
+    assert "ms/step: data" in caplog.text and "straggler" not in caplog.text
