@@ -132,10 +132,10 @@ def data_advice(loader: Any, cores_per_rank: int, cuda: bool) -> str:
     tail = f", with {' and '.join(extras)}" if extras else ""
     suggest = max(1, cores_per_rank - 1)  # one core stays with the training process
     if workers == 0:
-        crowded = " (they will share the cores with training)" if cores_per_rank < 2 else ""
+        crowded = ", which they share with training" if cores_per_rank < 2 else ""
         return (f"the loader reads samples in the training process (num_workers=0): give it "
-                f"workers, e.g. num_workers={suggest} ({_cores(cores_per_rank)} per rank "
-                f"here){crowded}{tail}")  # fmt: skip
+                f"workers, e.g. num_workers={suggest} (this machine has "
+                f"{_cores(cores_per_rank)} per rank{crowded}){tail}")  # fmt: skip
     if workers < suggest:
         return (f"raise the loader's num_workers from {workers} (this machine has "
                 f"{_cores(cores_per_rank)} per rank){tail}")  # fmt: skip

@@ -201,3 +201,18 @@ def test_two_nodes_train_as_one_and_resume_after_scancel(
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), again
     assert f"ddpkit: resumed from {saved}" in again and "epoch 250/250" in again
     assert cluster.job_processes() == []  # no task or step left running on either node
+
+
+def test_doctor_nodes_measures_the_link_between_two_slurm_nodes(
+    two_node_slurm: SlurmCluster,
+) -> None:
+    """`srun` one task per node of `ddpkit doctor --nodes`: the hosts are SLURM's nodes."""
+    done = two_node_slurm.command(
+        "srun", "--nodes", "2", "--ntasks-per-node", "1", sys.executable, "-m", "ddpkit",
+        "doctor", "--nodes", "--link-mib", "1", cwd=REPO, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "links between 2 hosts (gloo, 1 MiB messages)" in done.stdout, done.stdout
+    link = re.search(r"dknode1 \(\S+\) <-> dknode2 \(\S+\): ([\d.]+) MB/s", done.stdout)
+    assert link and float(link[1]) > 10, done.stdout
+    assert "PASS one link" in done.stdout

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -157,9 +159,10 @@ class Loader:
 @pytest.mark.parametrize(
     ("settings", "cores", "cuda", "says"),
     [
-        ({}, 8, False, "num_workers=7 (8 cores per rank here), with persistent_workers=True"),
-        ({}, 1, True, "share the cores with training), with persistent_workers=True and "
-                      "pin_memory=True"),
+        ({}, 8, False, "num_workers=7 (this machine has 8 cores per rank), with "
+                       "persistent_workers=True"),
+        ({}, 1, True, "1 core per rank, which they share with training), with "
+                      "persistent_workers=True and pin_memory=True"),
         ({"num_workers": 2, "persistent_workers": True}, 8, False,
          "raise the loader's num_workers from 2 (this machine has 8 cores per rank)"),
         ({"num_workers": 4, "persistent_workers": True, "prefetch_factor": 2}, 4, False,
@@ -185,13 +188,15 @@ def test_the_cpu_peak_starts_again_each_epoch() -> None:
     assert peak_memory_bytes(cpu) < high - 100 * MB
 
 
-def test_a_trained_epoch_carries_the_breakdown(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_trained_epoch_carries_the_breakdown_to_its_line_and_its_logs(
+    caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
     ddpkit.init()
     try:
         model = torch.nn.Linear(4, 1)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         data = torch.utils.data.TensorDataset(torch.ones(8, 4), torch.zeros(8, 1))
-        loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+        loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, log_dir=tmp_path)
         with caplog.at_level(logging.INFO, logger="ddpkit"):
             for _ in loop.epochs(1):
                 for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
@@ -202,3 +207,8 @@ def test_a_trained_epoch_carries_the_breakdown(caplog: pytest.LogCaptureFixture)
     epoch = loop.history[0]
     assert epoch["time/step_ms"] > 0 and epoch["mem/peak_mb"] > 10
     assert "ms/step: data" in caplog.text and "straggler" not in caplog.text
+    with (tmp_path / "metrics.csv").open(newline="") as rows:
+        logged = {row["tag"]: float(row["value"]) for row in csv.DictReader(rows)}
+    for phase in ("data", "compute", "sync", "optimizer", "other"):
+        assert logged[f"epoch/time/{phase}_ms"] == pytest.approx(epoch[f"time/{phase}_ms"])
+    assert logged["epoch/mem/peak_mb"] == pytest.approx(epoch["mem/peak_mb"])
