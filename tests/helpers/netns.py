@@ -1,6 +1,8 @@
 """Hosts for the tests: network namespaces on one virtual switch, each with its own address,
 interface ``eth0`` and host name (``/etc/netns/NS/hosts``, which ``ip netns exec`` mounts as
-``/etc/hosts``); this machine reaches them through the switch at ``10.250.8.1``.
+``/etc/hosts``); this machine reaches them through the switch at ``10.250.N.1``, each network
+on a subnet of its own (a session's two-node SLURM cluster keeps its network while other
+tests make theirs).
 
 Nothing outside the namespaces is contacted. :func:`virtual_hosts` skips the test with the
 reason where namespaces cannot be made (not root, no iproute2). Switches and namespaces carry
@@ -12,6 +14,7 @@ same address and take the new hosts' traffic.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import shutil
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-SWITCH_ADDRESS = "10.250.8.1"
+_networks = itertools.count()  # this process's networks, for unique names
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,7 @@ class VirtualHost:
     name: str  # its host name, known to every host's /etc/hosts
     address: str
     cable: str  # the switch's end of its link
+    switch: str  # the switch's address: this machine, as the host sees it
     interface: str = "eth0"
 
     def limit_rate(self, rate: str) -> None:
@@ -64,19 +68,20 @@ def ip(*args: str) -> None:
 
 @contextlib.contextmanager
 def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHost]]:
-    """``count`` hosts named PREFIX1.., at 10.250.8.2.., removed (namespaces, switch, hosts
-    files) on exit."""
+    """``count`` hosts named PREFIX1.., at 10.250.N.2.. (N: a subnet no interface uses),
+    removed (namespaces, switch, hosts files) on exit."""
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "nsenter", "unshare")):
         pytest.skip("virtual hosts need root, iproute2 (ip) and util-linux (nsenter, unshare)")
     _remove_stale_switches()
-    tag = str(os.getpid())
-    switch = f"dkbr{tag}"
+    tag = f"{os.getpid()}x{next(_networks)}"
+    switch, subnet = f"dkbr{tag}", _free_subnet()
+    names = [(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"dkv{tag}{i}") for i in range(count)]
     hosts = [
-        VirtualHost(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"10.250.8.{i + 2}", f"dkv{tag}{i}")
-        for i in range(count)
+        VirtualHost(namespace, name, f"{subnet}.{i + 2}", cable, f"{subnet}.1")
+        for i, (namespace, name, cable) in enumerate(names)
     ]
     try:
-        _make_switch(switch)
+        _make_switch(switch, f"{subnet}.1")
     except subprocess.CalledProcessError as err:
         pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
     try:
@@ -94,13 +99,20 @@ def _remove_stale_switches() -> None:
     """Switches and namespaces left by test processes that no longer run."""
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    for pid in set(re.findall(r"\bdkbr(\d+)\b", links)):
+    for tag, pid in set(re.findall(r"\bdkbr((\d+)(?:x\d+)?)\b", links)):
         if _running(int(pid)):
             continue
-        for namespace in re.findall(rf"\b(ddpk-{pid}-\d+)\b", namespaces):
+        for namespace in re.findall(rf"\b(ddpk-{tag}-\d+)\b", namespaces):
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
             shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
-        subprocess.run(["ip", "link", "del", f"dkbr{pid}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"dkbr{tag}"], capture_output=True)
+
+
+def _free_subnet() -> str:
+    """``10.250.N`` for the first N from 8 that no interface here has an address in."""
+    used = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True)
+    taken = set(re.findall(r"inet 10\.250\.(\d+)\.", used.stdout))
+    return f"10.250.{next(n for n in range(8, 250) if str(n) not in taken)}"
 
 
 def _running(pid: int) -> bool:
@@ -113,9 +125,9 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _make_switch(switch: str) -> None:
+def _make_switch(switch: str, address: str) -> None:
     ip("link", "add", switch, "type", "bridge")
-    ip("addr", "add", f"{SWITCH_ADDRESS}/24", "dev", switch)
+    ip("addr", "add", f"{address}/24", "dev", switch)
     ip("link", "set", switch, "up")
 
 
@@ -133,4 +145,4 @@ def _plug(host: VirtualHost, switch: str, cable: str, everyone: list[VirtualHost
     folder = Path("/etc/netns") / host.namespace
     folder.mkdir(parents=True, exist_ok=True)
     names = "".join(f"{other.address} {other.name}\n" for other in everyone)
-    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{SWITCH_ADDRESS} switch\n{names}")
+    (folder / "hosts").write_text(f"127.0.0.1 localhost\n{host.switch} switch\n{names}")

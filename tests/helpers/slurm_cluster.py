@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from helpers.netns import SWITCH_ADDRESS, VirtualHost
+from helpers.netns import VirtualHost
 
 PACKAGES = {
     "munged": "munge",
@@ -201,7 +201,7 @@ def _config(cluster: SlurmCluster) -> str:
              "State=UNKNOWN" for h in cluster.hosts]  # fmt: skip
     return _CONFIG.format(
         host=host, root=cluster.root, ctld_port=_free_port(), slurmd_port=_free_port(),
-        ctld_address=SWITCH_ADDRESS if cluster.hosts else "127.0.0.1",
+        ctld_address=cluster.hosts[0].switch if cluster.hosts else "127.0.0.1",
         node_lines="\n".join(nodes) or f"NodeName={cluster.node} NodeHostname={host} "
         f"{hardware} NodeAddr=127.0.0.1 State=UNKNOWN",
     )  # fmt: skip
