@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import EVERY_RANK, logger
+from ddpkit.checkpoint.background import BackgroundWriter, snapshot, wait_for_writes
 from ddpkit.checkpoint.files import (
     Position,
     list_checkpoints,
@@ -37,7 +38,7 @@ from ddpkit.checkpoint.files import (
     prune_checkpoints,
     quarantine,
     remove_stale_temporaries,
-    save_checkpoint,
+    save_sealed,
 )
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
@@ -50,6 +51,7 @@ from ddpkit.train.progress import EpochProgress, loader_generator_state
 from ddpkit.train.state import upgrade
 
 _SHOWN = 3  # differences named when a checkpoint of another model is refused
+_SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
 
 
 class Checkpointable(Protocol):
@@ -84,6 +86,7 @@ class Checkpointer:
         assert options.folder is not None
         self.folder = _announced(options.folder)
         self.options = options
+        self.writer = BackgroundWriter() if options.async_save else None
         self._owed = False  # a step checkpoint the epoch's end writes instead
 
     def due_after_step(self, step: int, defer: bool) -> bool:
@@ -120,21 +123,45 @@ class Checkpointer:
             path: Path = _sharded().save_sharded(
                 run.model, optimizers, state, self.folder, position
             )
+            if is_main():
+                self._published(path)
         else:  # replicas are identical under DDP: one writer is enough
             path = self.folder / position.name()
             if is_main():
-                save_checkpoint(
-                    {**run.state_dict(), **extra}, self.folder, position.epoch, position.step
-                )
-        if is_main():
-            logger.info(f"saved {path}")
-            if self.options.keep_last is not None:  # only after the new one is durable
-                prune_checkpoints(self.folder, self.options.keep_last)
+                self._write({**run.state_dict(), **extra}, path)
         return path
+
+    def wait(self) -> None:
+        """Wait for the checkpoint being written in the background, if any (before the
+        process ends, or a stop leaves with its checkpoint)."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def _write(self, state: dict[str, Any], path: Path) -> None:
+        if self.writer is None:
+            save_sealed(state, path)
+            self._published(path)
+            return
+        frozen = snapshot(state)  # training goes on once the copy is taken
+
+        def write() -> None:
+            save_sealed(frozen, path)
+            self._published(path)
+
+        waited = self.writer.submit(write, path.name)
+        if waited >= _SAY_WAIT_S:
+            logger.info(f"waited {waited:.2f} s for the previous checkpoint's write before "
+                        f"saving {path.name}; save less often to train meanwhile")  # fmt: skip
+
+    def _published(self, path: Path) -> None:
+        logger.info(f"saved {path}")
+        if self.options.keep_last is not None:  # only after the new one is durable
+            prune_checkpoints(self.folder, self.options.keep_last)
 
     def resume(self, run: Checkpointable, loader: Any) -> EpochProgress | None:
         """Load the newest usable checkpoint into ``run`` (a collective: every rank loads the
         same one); the position in the epoch it was taken in, if any."""
+        wait_for_writes()  # a run started again in this process: its last write completes
         if is_main():
             remove_stale_temporaries(self.folder)  # no rank is writing yet
         barrier()

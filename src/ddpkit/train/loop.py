@@ -15,12 +15,10 @@ through it and marks the backward and the update; ``Trainer.fit`` is this loop w
             loop.optimizer_step(opt)          # the guard's verdict, opt.step(), opt.zero_grad()
             sched.step()
 
-Both faces get the same steps: exact resume (mid-epoch too), stop signals (every rank saves
-at the same step, exit 75), the NaN/inf guard, accumulation, precision, uneven ranks under
-torch's ``Join``, the watchdog's labels, the epoch line (the loss given to ``backward``, or
-what :meth:`TrainLoop.record` got, over all ranks), logs, callbacks, ``ddpkit verify``. A
-checkpoint is taken once the body that called ``optimizer_step`` has finished (so your
-``sched.step()`` is in it).
+Both faces get the same steps: exact resume (mid-epoch too), stop signals (exit 75), the
+NaN/inf guard, accumulation, precision, uneven ranks under ``Join``, the watchdog, the epoch
+line, the step-time breakdown, logs, callbacks, ``ddpkit verify``. A checkpoint is taken
+once the body that called ``optimizer_step`` has finished (your ``sched.step()`` is in it).
 
 Example:
     >>> import torch, ddpkit
@@ -88,9 +86,8 @@ TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log
 
 
 class TrainLoop:
-    """The training loop and its parts. ``state`` names what to checkpoint: its models and
-    optimizers, and other entries as :mod:`ddpkit.train.state` says (plain values put back
-    into your dict). The keywords are the Trainer's (:mod:`ddpkit.train.options`).
+    """The training loop and its parts. ``state`` names what to checkpoint (models, optimizers,
+    other entries: :mod:`ddpkit.train.state`); the keywords: :mod:`ddpkit.train.options`.
 
     Example::
 
@@ -106,6 +103,7 @@ class TrainLoop:
         save_every: int | None = None,
         save_every_steps: int | None = None,
         keep_last: int | None = 3,
+        async_save: bool = False,
         accumulate: int = 1,
         precision: Precision = "fp32",
         clip_grad_norm: float | None = None,
@@ -115,7 +113,8 @@ class TrainLoop:
         log_dir: str | os.PathLike[str] | None = None,
         callbacks: Sequence[Callback] = (),
     ) -> None:
-        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last)
+        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
+                                   async_save)  # fmt: skip
         options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
                               check_replicas_every)  # fmt: skip
         logging = LogOptions(log_every, log_dir)
@@ -385,6 +384,8 @@ class TrainLoop:
     def _finish(self, stop: Stop | None) -> None:
         """The end hooks, whether training completed or stopped early (``stop``)."""
         self._start(None)  # nothing ran (already trained): the start hooks still come first
+        if self.checkpointer is not None:
+            self.checkpointer.wait()  # a checkpoint written in the background is complete
         self.stopped = stop
         self.clock.close()
         self.events.call("on_fit_end")

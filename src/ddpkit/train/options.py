@@ -25,7 +25,8 @@ SchedulerInterval = Literal["step", "epoch"]
 @dataclass(frozen=True)
 class CheckpointOptions:
     """Where checkpoints go and when: every ``save_every`` epochs and/or ``save_every_steps``
-    optimizer steps (and at the end); the newest ``keep_last`` are kept (None: all).
+    optimizer steps (and at the end); the newest ``keep_last`` are kept (None: all);
+    ``async_save``: written in the background from a copy (:mod:`ddpkit.checkpoint.background`).
 
     Example:
         >>> CheckpointOptions("runs/x", save_every_steps=100).enabled
@@ -36,8 +37,11 @@ class CheckpointOptions:
     save_every: int | None = None
     save_every_steps: int | None = None
     keep_last: int | None = 3
+    async_save: bool = False
 
     def __post_init__(self) -> None:
+        if self.async_save and self.folder is None:
+            raise ConfigError("async_save=True needs a checkpoint_dir to save into")
         for name in ("save_every", "save_every_steps"):
             value = getattr(self, name)
             if value is not None:

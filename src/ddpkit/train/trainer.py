@@ -84,6 +84,7 @@ class Trainer:
         save_every: int | None = None,
         save_every_steps: int | None = None,
         keep_last: int | None = 3,
+        async_save: bool = False,
         training_step: StepFn | None = None,
         validation_step: StepFn | None = None,
         manual_optimization: bool = False,
@@ -104,7 +105,8 @@ class Trainer:
         self._training_fn, self._validation_fn = training_step, validation_step
         options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
                               check_replicas_every, scheduler_interval)  # fmt: skip
-        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last)
+        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
+                                   async_save)  # fmt: skip
         run = RunState(model, optimizer, scheduler, state)
         logging = LogOptions(log_every, log_dir)
         self.loop = TrainLoop.from_options(run, saving, options, logging, callbacks)

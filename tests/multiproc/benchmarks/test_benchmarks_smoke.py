@@ -63,6 +63,9 @@ def test_checkpoint_cost_benchmark_reports_every_operation() -> None:
     out = run_benchmark("benchmarks/checkpoint_cost.py", "--layers", "1", "--rounds", "1")
     for name in ("digest only", "plain save", "sealed save", "plain load", "checked load"):
         assert name in out
+    training = run_benchmark("benchmarks/checkpoint_cost.py", "--training", "--layers", "1",
+                             "--rounds", "1")  # fmt: skip
+    assert float(training.split("ratio async/sync: fastest")[1].split()[0]) > 0
 
 
 @pytest.mark.timeout(200)

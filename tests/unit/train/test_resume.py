@@ -275,3 +275,44 @@ def test_a_checkpoint_in_an_unknown_format_is_refused_and_left_as_it_is(tmp_path
     with pytest.raises(CheckpointError, match=r"format 'ddpkit.checkpoint/3', which this ddpkit"):
         train(tmp_path, epochs=2)
     assert list_checkpoints(tmp_path)[-1] == newest  # not renamed .invalid: it is not damaged
+
+
+@pytest.mark.parametrize("crash_at", [4, 7])
+def test_checkpoints_written_in_the_background_resume_to_the_same_parameters(
+    tmp_path: Path, crash_at: int
+) -> None:
+    full, full_history = train(tmp_path / "full")
+    with pytest.raises(Interrupted):
+        train(tmp_path / "cut", crash_at=crash_at, async_save=True)
+    resumed, resumed_history = train(tmp_path / "cut", async_save=True)  # waits for the write
+    assert all(torch.equal(tensor, resumed[name]) for name, tensor in full.items())
+    assert [h["loss"] for h in resumed_history] == pytest.approx(
+        [h["loss"] for h in full_history], rel=1e-12
+    )
+    written = [p.name for p in list_checkpoints(tmp_path / "cut")]
+    assert written == [p.name for p in list_checkpoints(tmp_path / "full")]  # keep_last alike
+
+
+def test_a_background_write_that_fails_is_raised_at_the_next_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ddpkit.train import checkpointer
+
+    def disk_full(state: object, path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpointer, "save_sealed", disk_full)
+    with pytest.raises(CheckpointError, match=r"writing epoch_000001_step_000002\.pt in the "
+                       r"background failed: \[Errno 28\] No space left"):  # fmt: skip
+        train(tmp_path, async_save=True)
+
+
+def test_async_save_needs_a_checkpoint_dir() -> None:
+    ddpkit.init()
+    try:
+        model = nn.Linear(2, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ddpkit.errors.ConfigError, match="async_save=True needs a checkpoint"):
+            ddpkit.Trainer(model, opt, F.mse_loss, async_save=True)
+    finally:
+        ddpkit.shutdown()
