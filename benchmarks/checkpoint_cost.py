@@ -13,6 +13,11 @@ and the step time of the steps a background write overlapped against the steps i
 
     .venv/bin/python benchmarks/checkpoint_cost.py --rounds 3
     .venv/bin/python benchmarks/checkpoint_cost.py --training --rounds 3
+    .venv/bin/python benchmarks/checkpoint_cost.py --training --rounds 3 --threads 1
+
+With every core training (the default on a CPU-only machine), the background write competes
+with the steps for the cores; ``--threads 1`` on 2 cores leaves one to the writer, as training
+on a GPU leaves the host's cores.
 """
 
 from __future__ import annotations
@@ -135,7 +140,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", type=int, default=25, help="1000x1000 layers (1M each)")
     parser.add_argument("--training", action="store_true", help="the stall per save instead")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for training (default: every core)")  # fmt: skip
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     megabytes = 3 * args.layers * 1000 * 1000 * 4 / 2**20
     if args.training:
         folder = Path(tempfile.mkdtemp(prefix="ddpkit-ckpt-", dir=Path.cwd()))

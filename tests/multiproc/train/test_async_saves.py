@@ -40,13 +40,19 @@ def start(folder: Path, out: Path) -> subprocess.Popen[str]:
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
+def temporaries(folder: Path) -> set[str]:
+    return {p.name for p in folder.glob(".*.tmp")} if folder.is_dir() else set()
+
+
 def wait_for_a_write(folder: Path, job: subprocess.Popen[str], timeout: float = 120) -> str | None:
-    """The name of a checkpoint being written in the background (None: the job ended)."""
+    """The name of a checkpoint this job is writing in the background (None: it ended).
+    A temporary file left by the killed run before it is not this job's."""
+    left = temporaries(folder)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and job.poll() is None:
-        writing = [p.name for p in folder.glob(".*.tmp")] if folder.is_dir() else []
+        writing = temporaries(folder) - left
         if writing:
-            return writing[0]
+            return writing.pop()
         time.sleep(0.002)
     return None
 
