@@ -48,7 +48,12 @@ from torch import nn
 
 
 class Phase(enum.Enum):
-    """The parts of a step (see the module's docstring)."""
+    """The parts of a step (see the module's docstring).
+
+    Example:
+        >>> [phase.value for phase in Phase]
+        ['data', 'compute', 'sync', 'optimizer', 'other']
+    """
 
     DATA = "data"
     COMPUTE = "compute"

@@ -140,30 +140,35 @@ def measure_links(nbytes: int) -> dict[str, Any] | None:
         )
     hosts = _gather_hosts(_host_name(world.master_addr), world.device)
     leaders = {host: hosts.index(host) for host in dict.fromkeys(hosts)}  # first rank of each
-    names = list(leaders)
-    pairs = list(itertools.combinations(names, 2))
-    figures = torch.zeros(len(pairs), 2, dtype=torch.float64)  # latency ms, MB/s
-    for index, (a, b) in enumerate(pairs):
-        if world.rank in (leaders[a], leaders[b]):
-            peer = leaders[b] if world.rank == leaders[a] else leaders[a]
-            measured = _exchange(peer, world.rank == leaders[a], nbytes, world.device)
-            if world.rank == leaders[a]:
-                figures[index] = torch.tensor(measured, dtype=torch.float64)
-        dist.barrier()
-    figures = figures.to(world.device)  # NCCL moves CUDA tensors only
-    dist.all_reduce(figures)  # each pair's figures come from its first host's leader
-    links = [Link(a, b, *figures[i].tolist()) for i, (a, b) in enumerate(pairs)]
+    links = _measure_pairs(leaders, world.rank, nbytes, world.device)
     group = _time_all_reduce(nbytes, world.device)
     if not world.is_main:
         return None
     return {
-        "hosts": names,
+        "hosts": list(leaders),
         "backend": world.backend,
         "bytes": nbytes,
         "links": [asdict(link) for link in links],
         "all_reduce": {"ranks": world.world_size, **group},
-        "findings": [asdict(finding) for finding in find_slow(names, links)],
+        "findings": [asdict(finding) for finding in find_slow(list(leaders), links)],
     }
+
+
+def _measure_pairs(leaders: dict[str, int], rank: int, nbytes: int,
+                   device: torch.device) -> list[Link]:  # fmt: skip
+    """Each pair of hosts in turn, their leaders exchanging while every other rank waits;
+    every rank gets every pair's figures (from the pair's first leader)."""
+    pairs = list(itertools.combinations(leaders, 2))
+    figures = torch.zeros(len(pairs), 2, dtype=torch.float64, device=device)  # ms, MB/s
+    for index, (a, b) in enumerate(pairs):
+        if rank in (leaders[a], leaders[b]):
+            first = rank == leaders[a]
+            measured = _exchange(leaders[b] if first else leaders[a], first, nbytes, device)
+            if first:
+                figures[index] = torch.tensor(measured, dtype=torch.float64, device=device)
+        dist.barrier()
+    dist.all_reduce(figures)  # on the backend's device: NCCL moves CUDA tensors only
+    return [Link(a, b, *figures[i].tolist()) for i, (a, b) in enumerate(pairs)]
 
 
 def _exchange(peer: int, first: bool, nbytes: int, device: torch.device) -> tuple[float, float]:
