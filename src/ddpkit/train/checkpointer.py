@@ -139,19 +139,17 @@ class Checkpointer:
 
     def _write(self, state: dict[str, Any], path: Path) -> None:
         if self.writer is None:
-            save_sealed(state, path)
-            self._published(path)
+            self._write_now(state, path)
             return
         frozen = snapshot(state)  # training goes on once the copy is taken
-
-        def write() -> None:
-            save_sealed(frozen, path)
-            self._published(path)
-
-        waited = self.writer.submit(write, path.name)
+        waited = self.writer.submit(lambda: self._write_now(frozen, path), path.name)
         if waited >= _SAY_WAIT_S:
             logger.info(f"waited {waited:.2f} s for the previous checkpoint's write before "
                         f"saving {path.name}; save less often to train meanwhile")  # fmt: skip
+
+    def _write_now(self, state: dict[str, Any], path: Path) -> None:
+        save_sealed(state, path)
+        self._published(path)
 
     def _published(self, path: Path) -> None:
         logger.info(f"saved {path}")

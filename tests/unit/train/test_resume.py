@@ -316,3 +316,33 @@ def test_async_save_needs_a_checkpoint_dir() -> None:
             ddpkit.Trainer(model, opt, F.mse_loss, async_save=True)
     finally:
         ddpkit.shutdown()
+
+
+def loop_train(folder: Path, crash_at: int | None = None) -> dict[str, torch.Tensor]:
+    """The same task through a hand-written TrainLoop with background saves every 2 steps."""
+    ddpkit.shutdown()
+    ddpkit.init(seed=3, hang_timeout=0)
+    model = ddpkit.prepare_model(dropout_model())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, folder, save_every_steps=2,
+                            async_save=True)  # fmt: skip
+    loader = ddpkit.prepare_loader(toy_dataset(), batch_size=8)
+    for _epoch in loop.epochs(3):
+        for x, y in loop.batches(loader):
+            if loop.step + 1 == crash_at:
+                raise Interrupted(f"crash before step {crash_at}")
+            loop.backward(F.cross_entropy(model(x), y))
+            loop.optimizer_step()
+    return cpu_state(model)
+
+
+def test_a_hand_written_loop_with_background_saves_resumes_to_the_same_parameters(
+    tmp_path: Path,
+) -> None:
+    full = loop_train(tmp_path / "full")
+    with pytest.raises(Interrupted):
+        loop_train(tmp_path / "cut", crash_at=7)
+    resumed = loop_train(tmp_path / "cut")
+    assert all(torch.equal(tensor, resumed[name]) for name, tensor in full.items())
+    written = [p.name for p in list_checkpoints(tmp_path / "cut")]
+    assert written == [p.name for p in list_checkpoints(tmp_path / "full")]
