@@ -14,6 +14,11 @@ and the step time of the steps a background write overlapped against the steps i
     .venv/bin/python benchmarks/checkpoint_cost.py --rounds 3
     .venv/bin/python benchmarks/checkpoint_cost.py --training --rounds 3
     .venv/bin/python benchmarks/checkpoint_cost.py --training --rounds 3 --threads 1
+    .venv/bin/python benchmarks/checkpoint_cost.py --training --folder s3://bucket/bench
+
+``--folder`` puts the training's checkpoints there instead of a temporary folder: another
+disk, or an object store (``s3://...``; with an S3-compatible server of your own, set
+``AWS_ENDPOINT_URL`` and the credentials; each run writes under a prefix of its own).
 
 With every core training (the default on a CPU-only machine), the background write competes
 with the steps for the cores; ``--threads 1`` on 2 cores leaves one to the writer, as training
@@ -88,7 +93,7 @@ class Steps(Callback):
             self.clock.step_ended()
 
 
-def train_epochs(layers: int, rounds: int, folder: Path) -> dict[str, SaveClock]:
+def train_epochs(layers: int, rounds: int, folder: str) -> dict[str, SaveClock]:
     import ddpkit
 
     ddpkit.init(hang_timeout=0)
@@ -100,9 +105,9 @@ def train_epochs(layers: int, rounds: int, folder: Path) -> dict[str, SaveClock]
     clocks: dict[str, list[SaveClock]] = {"sync": [], "async": []}
     for index in range(2 * rounds):
         setting = "async" if index % 2 else "sync"
-        shutil.rmtree(folder / "train", ignore_errors=True)
         steps = Steps()
-        trainer = ddpkit.Trainer(model, opt, torch.nn.functional.mse_loss, folder / "train",
+        run = f"{folder}/{time.strftime('%H%M%S')}-{index}"  # every run from scratch
+        trainer = ddpkit.Trainer(model, opt, torch.nn.functional.mse_loss, run,
                                  save_every_steps=5, keep_last=2, callbacks=[steps],
                                  async_save=setting == "async")  # fmt: skip
         steps.clock = SaveClock(trainer)
@@ -142,6 +147,8 @@ def main() -> None:
     parser.add_argument("--training", action="store_true", help="the stall per save instead")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for training (default: every core)")  # fmt: skip
+    parser.add_argument("--folder", default=None,
+                        help="where the training's checkpoints go: a path or s3://...")  # fmt: skip
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -149,7 +156,8 @@ def main() -> None:
     if args.training:
         folder = Path(tempfile.mkdtemp(prefix="ddpkit-ckpt-", dir=Path.cwd()))
         try:
-            report_training(train_epochs(args.layers, args.rounds, folder), megabytes)
+            clocks = train_epochs(args.layers, args.rounds, args.folder or str(folder))
+            report_training(clocks, megabytes)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return

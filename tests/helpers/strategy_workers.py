@@ -37,6 +37,7 @@ def train_toy(
     seed_per_rank: bool = False,
     save_every_steps: int | None = None,
     crash_at: int | None = None,
+    async_save: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Adam + clipping on the toy task under ``strategy``; the final whole parameters.
 
@@ -48,7 +49,7 @@ def train_toy(
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(
         model, optimizer, F.cross_entropy, folder, save_every=save_every, clip_grad_norm=clip,
-        save_every_steps=save_every_steps,
+        save_every_steps=save_every_steps, async_save=async_save,
     )  # fmt: skip
     if crash_at is not None:
         crash_before_step(trainer, crash_at, RuntimeError)

@@ -4,6 +4,7 @@
 
 About 57 MB of state (4.7M parameters and Adam's moments), 3 epochs of 20 steps
 (``ASYNC_SAVES_EPOCHS`` changes that); rank 0 writes the final parameters to OUT.pt.
+``ASYNC_SAVES_STRATEGY=fsdp`` shards the model: every rank writes its shards in the background.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 import ddpkit
 
@@ -22,9 +24,10 @@ def main() -> None:
     folder, out = sys.argv[1], sys.argv[2]
     ddpkit.init(seed=0)
     torch.manual_seed(0)
+    strategy = os.environ.get("ASYNC_SAVES_STRATEGY", "ddp")
     model = ddpkit.prepare_model(nn.Sequential(nn.Linear(256, 2048), nn.ReLU(),
                                                nn.Linear(2048, 2048), nn.ReLU(),
-                                               nn.Linear(2048, 4)))  # fmt: skip
+                                               nn.Linear(2048, 4)), strategy)  # fmt: skip
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(
@@ -35,8 +38,11 @@ def main() -> None:
                              async_save=True)  # fmt: skip
     epochs = int(os.environ.get("ASYNC_SAVES_EPOCHS", "3"))
     trainer.fit(ddpkit.prepare_loader(data, batch_size=32), epochs=epochs)
+    state = {  # FSDP's shards are gathered: every rank takes part
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        for k, v in ddpkit.unwrap_model(model).state_dict().items()
+    }
     if ddpkit.is_main():
-        state = {k: v.detach().cpu() for k, v in ddpkit.unwrap_model(model).state_dict().items()}
         torch.save(state, out)
     ddpkit.shutdown()
 

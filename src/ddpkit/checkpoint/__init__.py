@@ -1,7 +1,8 @@
 """Checkpoint files: named by position, written atomically, sealed with a checksum.
 
 This package's public face is the file API of :mod:`ddpkit.checkpoint.files`, re-exported
-here (``ddpkit.checkpoint.load_checkpoint`` and friends). Sharded FSDP checkpoints
+here (``ddpkit.checkpoint.load_checkpoint`` and friends), and :func:`checkpoint_folder`, a
+run's checkpoints in a folder or an object store (``s3://...``). Sharded FSDP checkpoints
 (:mod:`ddpkit.checkpoint.sharded`, torch's DCP) are imported only when an FSDP model is saved
 or resumed, so importing this package stays cheap.
 
@@ -26,11 +27,14 @@ from ddpkit.checkpoint.files import (
     save_checkpoint,
 )
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
+from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder
 
 __all__ = [
     "INVALID_SUFFIX",
+    "CheckpointFolder",
     "Position",
     "atomic_write",
+    "checkpoint_folder",
     "checkpoint_name",
     "latest_checkpoint",
     "list_checkpoints",

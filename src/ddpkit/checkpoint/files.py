@@ -183,12 +183,16 @@ def latest_checkpoint(folder: str | os.PathLike[str]) -> Path | None:
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], map_location: torch.device | str = "cpu"
+    path: str | os.PathLike[str] | IO[bytes],
+    map_location: torch.device | str = "cpu",
+    name: str | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``) and check its digest.
 
-    Raises :class:`~ddpkit.errors.CheckpointError` for a missing, truncated, corrupted or
-    foreign file (one holding objects other than tensors and plain data).
+    ``path`` may also be an open binary file (a checkpoint read from an object store);
+    ``name`` says where it came from in messages. Raises
+    :class:`~ddpkit.errors.CheckpointError` for a missing, truncated, corrupted or foreign
+    file (one holding objects other than tensors and plain data).
 
     Example:
         >>> import tempfile
@@ -196,26 +200,27 @@ def load_checkpoint(
         >>> load_checkpoint(p)["epoch"]
         3
     """
-    state = _load_weights_only(path, map_location)
+    name = name or str(path)
+    state = _load_weights_only(path, map_location, name)
     if not isinstance(state, dict):
-        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a dict")
+        raise CheckpointError(f"checkpoint {name} holds a {type(state).__name__}, not a dict")
     if verify_seal(state) == "mismatch":
         raise CheckpointError(
-            f"checkpoint {path} is corrupted: its contents do not match the checksum written "
+            f"checkpoint {name} is corrupted: its contents do not match the checksum written "
             "with them (a damaged disk or a partial copy)"
         )
     return state
 
 
-def _load_weights_only(path: str | os.PathLike[str], map_location: Any) -> Any:
+def _load_weights_only(path: Any, map_location: Any, name: str) -> Any:
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
+        raise CheckpointError(f"checkpoint {name} does not exist") from None
     except Exception as err:  # torch raises several types for a torn or foreign file
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise CheckpointError(
-            f"checkpoint {path} could not be loaded safely ({type(err).__name__}: {first}); "
+            f"checkpoint {name} could not be loaded safely ({type(err).__name__}: {first}); "
             "it may be truncated, or hold objects other than tensors and plain data (which "
             "weights_only loading refuses to run; allow your own classes with "
             "torch.serialization.add_safe_globals)"

@@ -28,18 +28,25 @@ import os
 from pathlib import Path
 
 from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, LOG_DIR_ENV
+from ddpkit.checkpoint.store import is_url
 
 
-def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path:
+def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path | str:
     """The folder checkpoints named ``folder`` go to in this run (see the module's docstring).
 
     A script that inspects its checkpoint folder itself (to refuse to overwrite an earlier
-    run, say) should look where this says, so that it sees what its Trainer will see.
+    run, say) should look where this says, so that it sees what its Trainer will see. An
+    object-store URL (``s3://bucket/run``) is returned as it is, unless a ddpkit command
+    redirects it to its (local) scratch.
 
     Example:
         >>> resolve_checkpoint_dir("/data/ckpt").name
         'ckpt'
+        >>> resolve_checkpoint_dir("s3://bucket/runs/wine")
+        's3://bucket/runs/wine'
     """
+    if is_url(folder) and not os.environ.get(CHECKPOINT_DIR_ENV):
+        return str(folder)
     return _redirected(folder, CHECKPOINT_DIR_ENV)
 
 

@@ -11,6 +11,11 @@ rank checks its share of the files, so a damaged checkpoint is found before load
 own ``.metadata`` file is a pickle; ddpkit reads it with an unpickler that admits only DCP's
 metadata classes, so a tampered checkpoint cannot run code.
 
+Written in the background (:func:`start_sharded_save`, DCP's asynchronous save), training
+stops only while each rank copies its shards to CPU memory; the shards, their digests and the
+rename follow in a thread, with the same temporary directory and the same rename, so what a
+crash leaves is the same as for a synchronous save.
+
 Example:
     >>> sharded_name(3)
     'epoch_000003.dcp'
@@ -24,7 +29,8 @@ import os
 import pickle
 import shutil
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ddpkit.checkpoint.files import (
@@ -91,25 +99,75 @@ def save_sharded(
         save_sharded(model, [opt], {"epoch": 2}, "runs/x", Position(2))
         # PosixPath('runs/x/epoch_000002.dcp')
     """
-    folder = Path(folder)
+    staging, final = _staging(Path(folder), position)
+    with _dcp_call(f"saving the sharded checkpoint {final.name}"):
+        dcp_save(_dcp_state(model, optimizers), checkpoint_id=staging)
+    barrier()  # every shard and DCP's metadata are on disk
+    _publish(staging, final, extra, _shard_digests(staging, all_gather_rows))
+    barrier()
+    return final
+
+
+def start_sharded_save(
+    model: nn.Module,
+    optimizers: Sequence[torch.optim.Optimizer],
+    extra: dict[str, Any],
+    folder: str | os.PathLike[str],
+    position: Position,
+) -> Callable[[], Path]:
+    """Collective: copy this rank's shards to CPU memory and start DCP's asynchronous save;
+    returns what completes it, to run in a background thread on every rank (it waits for
+    the shards, hashes this rank's share of the files, and rank 0 publishes the directory
+    as :func:`save_sharded` does). ``extra`` must be a copy training does not change.
+
+    The background collectives (DCP's plan and the digests) go through a gloo group of
+    their own, so they never interleave with the training's collectives.
+
+    Example::
+
+        complete = start_sharded_save(model, [opt], frozen_extra, "runs/x", Position(2))
+        threading.Thread(target=complete).start()   # training goes on
+    """
+    staging, final = _staging(Path(folder), position)
+    group = _background_group()
+    with _dcp_call(f"copying the sharded checkpoint {final.name} for its background write"):
+        pending = dcp_async_save(
+            _dcp_state(model, optimizers), checkpoint_id=staging, process_group=group
+        )
+
+    upload = pending.upload_completion if isinstance(pending, AsyncSaveResponse) else pending
+
+    def complete() -> Path:
+        upload.result()  # every rank's shards and DCP's metadata are on disk
+        _publish(staging, final, extra, _shard_digests(staging, partial(_gather_in, group)))
+        return final
+
+    return complete
+
+
+def _staging(folder: Path, position: Position) -> tuple[Path, Path]:
+    """Collective: the empty temporary directory shards are written into, and the final one."""
     final = folder / position.name(".dcp")
     staging = folder / f".{final.name}.tmp"
     if is_main():
         shutil.rmtree(staging, ignore_errors=True)  # left by a run that died mid-write
         staging.mkdir(parents=True)
     barrier()
-    with _dcp_call(f"saving the sharded checkpoint {final.name}"):
-        model_state, optim_state = get_state_dict(model, list(optimizers))
-        dcp_save({"model": model_state, "optimizer": optim_state}, checkpoint_id=staging)
-    barrier()  # every shard and DCP's metadata are on disk
-    digests = _shard_digests(staging)
+    return staging, final
+
+
+def _dcp_state(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, Any]:
+    model_state, optim_state = get_state_dict(model, list(optimizers))
+    return {"model": model_state, "optimizer": optim_state}
+
+
+def _publish(staging: Path, final: Path, extra: dict[str, Any], digests: dict[str, str]) -> None:
+    """Rank 0 seals the training state with the shards' digests and renames the directory."""
     if is_main():
         save_sealed({**extra, "files": digests}, staging / TRAINER_FILE)
         remove_path(final)  # the same position saved again
         os.replace(staging, final)
-        fsync_directory(folder)
-    barrier()
-    return final
+        fsync_directory(final.parent)
 
 
 def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -161,17 +219,41 @@ def load_sharded(
         )
 
 
-def _shard_digests(folder: Path) -> dict[str, str]:
-    """SHA-256 of every file DCP wrote, the hashing shared out over the ranks (collective)."""
+def _shard_digests(
+    folder: Path, gather: Callable[[torch.Tensor], list[torch.Tensor]]
+) -> dict[str, str]:
+    """SHA-256 of every file DCP wrote, the hashing shared out over the ranks: ``gather``
+    (a collective) brings every rank's rows of 32 digest bytes, padded to the same count."""
     names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != TRAINER_FILE)
     world_size = _world_size()
     mine = [bytes.fromhex(file_digest(folder / n)) for n in names[get_rank() :: world_size]]
-    rows = torch.tensor([list(d) for d in mine], dtype=torch.uint8).reshape(-1, 32)
+    rows = torch.zeros((len(names[::world_size]), 32), dtype=torch.uint8)
+    rows[: len(mine)] = torch.tensor([list(d) for d in mine], dtype=torch.uint8).reshape(-1, 32)
     digests = {}
-    for rank, block in enumerate(all_gather_rows(rows)):
-        for index, row in enumerate(block):
+    for rank, block in enumerate(gather(rows)):
+        for index, row in enumerate(block[: len(names[rank::world_size])]):
             digests[names[rank + index * world_size]] = bytes(row.tolist()).hex()
     return digests
+
+
+def _gather_in(group: dist.ProcessGroup, rows: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``rows`` (the same shape on every rank) through ``group``."""
+    gathered = [torch.empty_like(rows) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, rows, group=group)
+    return gathered
+
+
+_background: tuple[Any, dist.ProcessGroup] | None = None  # (the default group, its twin)
+
+
+def _background_group() -> dist.ProcessGroup:
+    """Collective the first time in a process group: a gloo group of every rank for the
+    collectives of background writes (a new one after the default group is replaced)."""
+    global _background
+    default = dist.distributed_c10d._get_default_group()
+    if _background is None or _background[0] is not default:
+        _background = (default, dist.new_group(backend="gloo"))
+    return _background[1]
 
 
 def _world_size() -> int:

@@ -1,7 +1,9 @@
 """A run's checkpoints: when one is due, writing it, and resuming from the newest usable one.
 
 A checkpoint is due every ``save_every`` epochs, every ``save_every_steps`` steps and at the
-end (the loop also saves one for a stop signal). It holds the run's ``state_dict``; taken
+end (the loop also saves one for a stop signal). The checkpoints live in a folder or, for a
+``checkpoint_dir`` URL such as ``s3://bucket/run``, in an object store
+(:mod:`ddpkit.checkpoint.store`). It holds the run's ``state_dict``; taken
 mid-epoch, the position in it (:mod:`ddpkit.train.progress`); and every rank's random
 generators, gathered to the writer. Once a write is durable only ``keep_last`` are kept.
 
@@ -9,13 +11,13 @@ Resuming takes the newest checkpoint that every rank can load and whose checksum
 truncated, corrupted or unsafe one is reported, renamed ``*.invalid`` and the previous one is
 used; if none is usable the run stops instead of starting over. A checkpoint of a different
 model (another job sharing the folder: each checkpoint records the names, dtypes and shapes
-of the model's tensors, :func:`model_signature`), or in a format this ddpkit does not know,
+of the model's tensors, :mod:`ddpkit.train.signature`), or in a format this ddpkit does not know,
 is refused by name and left as it is.
 
 Example:
     >>> from ddpkit.train.options import CheckpointOptions
     >>> Checkpointer(CheckpointOptions("runs/x", save_every_steps=100)).folder
-    PosixPath('runs/x')
+    LocalFolder('runs/x')
 """
 
 from __future__ import annotations
@@ -30,27 +32,19 @@ from torch import nn
 
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit.checkpoint.background import BackgroundWriter, snapshot, wait_for_writes
-from ddpkit.checkpoint.files import (
-    Position,
-    list_checkpoints,
-    load_checkpoint,
-    parse_name,
-    prune_checkpoints,
-    quarantine,
-    remove_stale_temporaries,
-    save_sealed,
-)
+from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
-from ddpkit.errors import CheckpointError
-from ddpkit.parallel.strategy import strategy_of, unwrap_model
+from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder, prune
+from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.options import CheckpointOptions
 from ddpkit.train.progress import EpochProgress, loader_generator_state
+from ddpkit.train.signature import check_same_model, model_signature
 from ddpkit.train.state import upgrade
 
-_SHOWN = 3  # differences named when a checkpoint of another model is refused
 _SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
 
 
@@ -84,7 +78,7 @@ class Checkpointer:
 
     def __init__(self, options: CheckpointOptions) -> None:
         assert options.folder is not None
-        self.folder = _announced(options.folder)
+        self.folder, self.where = _announced(options.folder)
         self.options = options
         self.writer = BackgroundWriter() if options.async_save else None
         self._owed = False  # a step checkpoint the epoch's end writes instead
@@ -108,9 +102,9 @@ class Checkpointer:
 
     def save(
         self, run: Checkpointable, position: Position, progress: EpochProgress | None, loader: Any
-    ) -> Path:
+    ) -> str:
         """Write a checkpoint at ``position``, part-way through ``progress`` (None: after an
-        epoch); a collective. Returns its path."""
+        epoch); a collective. Returns where it is (written, or being written)."""
         generator = loader_generator_state(loader) if progress is None else progress.generator_state
         extra = {
             "progress": progress.state_dict() if progress is not None else None,
@@ -118,18 +112,12 @@ class Checkpointer:
             "model_signature": model_signature(run.model),
         }
         if strategy_of(run.model).sharded:  # every rank writes its shards
-            state = {**run.state_dict(weights=False), **extra}
-            optimizers = list(run.optimizers.values())
-            path: Path = _sharded().save_sharded(
-                run.model, optimizers, state, self.folder, position
-            )
-            if is_main():
-                self._published(path)
+            name = self._write_sharded(run, {**run.state_dict(weights=False), **extra}, position)
         else:  # replicas are identical under DDP: one writer is enough
-            path = self.folder / position.name()
+            name = position.name()
             if is_main():
-                self._write({**run.state_dict(), **extra}, path)
-        return path
+                self._write({**run.state_dict(), **extra}, name)
+        return self.folder.location(name)
 
     def wait(self) -> None:
         """Wait for the checkpoint being written in the background, if any (before the
@@ -137,49 +125,69 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.wait()
 
-    def _write(self, state: dict[str, Any], path: Path) -> None:
+    def _write(self, state: dict[str, Any], name: str) -> None:
         if self.writer is None:
-            self._write_now(state, path)
+            self._write_now(state, name)
             return
         frozen = snapshot(state)  # training goes on once the copy is taken
-        waited = self.writer.submit(lambda: self._write_now(frozen, path), path.name)
+        self._waited(self.writer.submit(lambda: self._write_now(frozen, name), name), name)
+
+    def _write_sharded(self, run: Checkpointable, state: dict[str, Any], where: Position) -> str:
+        """Every rank writes its shards, now or (``async_save``) from a copy in the background."""
+        sharded, optimizers, folder = _sharded(), list(run.optimizers.values()), self._local()
+        name = where.name(".dcp")
+        if self.writer is None:
+            sharded.save_sharded(run.model, optimizers, state, folder, where)
+            self._published(name)
+            return name
+        self._waited(self.writer.wait(), name)
+        complete = sharded.start_sharded_save(run.model, optimizers, snapshot(state), folder, where)
+        self.writer.submit(lambda: self._published(complete().name), name)
+        return name
+
+    def _waited(self, waited: float, name: str) -> None:
         if waited >= _SAY_WAIT_S:
             logger.info(f"waited {waited:.2f} s for the previous checkpoint's write before "
-                        f"saving {path.name}; save less often to train meanwhile")  # fmt: skip
+                        f"saving {name}; save less often to train meanwhile")  # fmt: skip
 
-    def _write_now(self, state: dict[str, Any], path: Path) -> None:
-        save_sealed(state, path)
-        self._published(path)
+    def _write_now(self, state: dict[str, Any], name: str) -> None:
+        self.folder.write(name, state)
+        self._published(name)
 
-    def _published(self, path: Path) -> None:
-        logger.info(f"saved {path}")
-        if self.options.keep_last is not None:  # only after the new one is durable
-            prune_checkpoints(self.folder, self.options.keep_last)
+    def _published(self, name: str) -> None:
+        """Rank 0 says so and prunes, once the new checkpoint is durable."""
+        if not is_main():
+            return
+        logger.info(f"saved {self.folder.location(name)}")
+        if self.options.keep_last is not None:
+            prune(self.folder, self.options.keep_last)
 
     def resume(self, run: Checkpointable, loader: Any) -> EpochProgress | None:
         """Load the newest usable checkpoint into ``run`` (a collective: every rank loads the
         same one); the position in the epoch it was taken in, if any."""
         wait_for_writes()  # a run started again in this process: its last write completes
+        if strategy_of(run.model).sharded:
+            self._local()  # refused before training, not at the first save
         if is_main():
-            remove_stale_temporaries(self.folder)  # no rank is writing yet
+            self.folder.clean()  # no rank is writing yet
         barrier()
-        candidates = list_checkpoints(self.folder)
-        for path in reversed(candidates):
-            _check_kind(path, run.model)
-            state = self._load_agreed(path)
+        candidates = self.folder.checkpoints()
+        for name in reversed(candidates):
+            _check_kind(self.folder.location(name), run.model)
+            state = self._load_agreed(name)
             if state is not None:
-                return self._continue_from(path, upgrade(state, path), run, loader)
+                return self._continue_from(name, state, run, loader)
         if candidates:
             raise CheckpointError(
-                f"none of the {len(candidates)} checkpoint(s) in {self.folder} could be "
+                f"none of the {len(candidates)} checkpoint(s) in {self.where} could be "
                 "loaded (see the warnings above); move them away to start from scratch"
             )
         return None
 
-    def _load_agreed(self, path: Path) -> dict[str, Any] | None:
-        """The state of ``path`` if every rank loaded and checked it, else None (reported)."""
+    def _load_agreed(self, name: str) -> dict[str, Any] | None:
+        """The state of ``name`` if every rank loaded and checked it, else None (reported)."""
         try:
-            state: dict[str, Any] | None = _read(path)
+            state: dict[str, Any] | None = self._read(name)
             problem = ""
         except CheckpointError as err:
             state, problem = None, str(err)
@@ -188,41 +196,64 @@ class Checkpointer:
         if problem:
             world = current_world()
             who = f"rank {world.rank}: " if world.world_size > 1 else ""
-            logger.warning(f"warning: {who}skipping {path}: {problem}", extra=EVERY_RANK)
+            where = self.folder.location(name)
+            logger.warning(f"warning: {who}skipping {where}: {problem}", extra=EVERY_RANK)
         barrier()  # every rank is done with the file before it is renamed
-        if is_main() and path.exists():
-            logger.info(f"kept it as {quarantine(path).name}; resuming from an older one")
+        if is_main():
+            kept = self.folder.quarantine(name)
+            logger.info(f"kept it as {kept}; resuming from an older one")
         return None
 
+    def _read(self, name: str) -> dict[str, Any]:
+        """Load and check this rank's part of a checkpoint; no collective (a rank may fail)."""
+        if name.endswith(".dcp"):
+            extra: dict[str, Any] = _sharded().read_sharded_extra(self._local() / name)
+            return extra
+        return self.folder.read(name, map_location=current_world().device)
+
     def _continue_from(
-        self, path: Path, state: dict[str, Any], run: Checkpointable, loader: Any
+        self, name: str, state: dict[str, Any], run: Checkpointable, loader: Any
     ) -> EpochProgress:
-        check_same_model(state.get("model_signature"), run.model, path)
-        if path.suffix == ".dcp":
-            _sharded().load_sharded(run.model, list(run.optimizers.values()), path)
+        where = self.folder.location(name)
+        state = upgrade(state, where)
+        check_same_model(state.get("model_signature"), run.model, where)
+        if name.endswith(".dcp"):
+            _sharded().load_sharded(run.model, list(run.optimizers.values()), self._local() / name)
         run.load_state_dict(state)
-        progress = _restored_progress(state, int(state["epoch"]), loader, path)
-        where = parse_name(path.name)
+        progress = _restored_progress(state, int(state["epoch"]), loader, name)
+        position = parse_name(name)
         logger.info(
-            f"resumed from {path}" + (f" ({where.describe()})" if where else "") + "; to "
-            f"start from scratch instead, move {path.parent}'s checkpoints away"
+            f"resumed from {where}" + (f" ({position.describe()})" if position else "") + "; "
+            f"to start from scratch instead, move {self.where}'s checkpoints away"
         )
         return progress
 
+    def _local(self) -> Path:
+        """The folder on a file system sharded checkpoints need (each rank writes its files)."""
+        if self.folder.local is None:
+            raise ConfigError(
+                f"checkpoint_dir {self.where} is an object store, and FSDP's sharded "
+                "checkpoints are written by every rank into a file system folder (local or "
+                "shared, e.g. NFS or Lustre); give a path, or use strategy='ddp' to keep "
+                "whole-model checkpoints in the object store"
+            )
+        return self.folder.local
 
-def _announced(folder: Any) -> Path:
-    """The folder this run uses; said when a ddpkit command redirected it to its scratch."""
+
+def _announced(folder: Any) -> tuple[CheckpointFolder, str]:
+    """The checkpoints this run uses, and where they are; said when a ddpkit command
+    redirected them to its scratch."""
     actual = resolve_checkpoint_dir(folder)
-    if actual != Path(folder):
+    if str(actual) != str(folder):
         logger.info(f"checkpoints go to {actual} for this run; {folder} is left as it is")
-    return actual
+    return checkpoint_folder(actual), str(actual)
 
 
-def _check_kind(path: Path, model: nn.Module) -> None:
+def _check_kind(where: str, model: nn.Module) -> None:
     # A refusal, not a damaged file: the checkpoint is fine, the model is not the one for it.
-    if path.suffix != ".dcp" and strategy_of(model).sharded:
+    if not where.endswith(".dcp") and strategy_of(model).sharded:
         raise CheckpointError(
-            f"{path} is a whole-model checkpoint but this model is sharded (FSDP); resume "
+            f"{where} is a whole-model checkpoint but this model is sharded (FSDP); resume "
             "it with the strategy that wrote it, or start a new checkpoint_dir"
         )
 
@@ -232,15 +263,7 @@ def _sharded() -> ModuleType:
     return importlib.import_module("ddpkit.checkpoint.sharded")
 
 
-def _read(path: Path) -> dict[str, Any]:
-    """Load and check this rank's part of a checkpoint; no collective (a rank may fail)."""
-    if path.suffix == ".dcp":
-        extra: dict[str, Any] = _sharded().read_sharded_extra(path)
-        return extra
-    return load_checkpoint(path, map_location=current_world().device)
-
-
-def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, path: Path) -> EpochProgress:
+def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str) -> EpochProgress:
     """The first epoch to run after resuming, with this rank's generators to restore."""
     progress = EpochProgress(epoch, loader)
     world = current_world()
@@ -249,7 +272,7 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, path: Pat
         return progress
     if len(ranks) != world.world_size:
         logger.info(
-            f"{path.name} was written by {len(ranks)} rank(s) and this run has "
+            f"{name} was written by {len(ranks)} rank(s) and this run has "
             f"{world.world_size}: random streams start afresh"
             + (" and the interrupted epoch restarts" if state.get("progress") else "")
         )
@@ -260,60 +283,3 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, path: Pat
     if state.get("progress") is not None:
         progress.load_state_dict(state["progress"])
     return progress
-
-
-def model_signature(model: nn.Module) -> dict[str, str]:
-    """``{name: "dtype[shape]"}`` for every tensor of the (unwrapped) model's state.
-
-    FSDP's sharded parameters report their whole shape, so every rank signs alike.
-
-    Example:
-        >>> model_signature(nn.Linear(3, 2))
-        {'weight': 'float32[2, 3]', 'bias': 'float32[2]'}
-    """
-    return {
-        name: f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
-        for name, value in unwrap_model(model).state_dict().items()
-        if hasattr(value, "shape")
-    }
-
-
-def check_same_model(recorded: Any, model: nn.Module, path: Path) -> None:
-    """Refuse a checkpoint whose recorded signature is not this model's.
-
-    A checkpoint without a signature (written before ddpkit recorded one) is let through:
-    loading its weights then checks names and shapes.
-
-    Example:
-        >>> check_same_model({"weight": "float32[9]"}, nn.Linear(1, 1), Path("e.pt"))
-        Traceback (most recent call last):
-        ...
-        ddpkit.errors.CheckpointError: e.pt is a checkpoint of a different model ...
-    """
-    if not isinstance(recorded, dict):
-        return
-    differences = describe_differences(recorded, model_signature(model))
-    if differences:
-        more = f"; {len(differences) - _SHOWN} more differ" if len(differences) > _SHOWN else ""
-        raise CheckpointError(
-            f"{path} is a checkpoint of a different model ({'; '.join(differences[:_SHOWN])}"
-            f"{more}). Another job may share this checkpoint_dir: give each model its own "
-            f"folder, or move {path.parent}'s checkpoints away to start from scratch"
-        )
-
-
-def describe_differences(saved: dict[str, str], current: dict[str, str]) -> list[str]:
-    """One line per tensor that is missing, extra, or shaped differently.
-
-    Example:
-        >>> describe_differences({"w": "float32[2]"}, {"w": "float32[3]", "b": "float32[1]"})
-        ['w is float32[2] there, float32[3] here', 'b is only in this model']
-    """
-    lines = [
-        f"{name} is {saved[name]} there, {current[name]} here"
-        for name in saved
-        if name in current and saved[name] != current[name]
-    ]
-    lines += [f"{name} is only in the checkpoint" for name in saved if name not in current]
-    lines += [f"{name} is only in this model" for name in current if name not in saved]
-    return lines

@@ -5,7 +5,8 @@ The test watches its checkpoint folder for a write in flight (a temporary file) 
 whole job with SIGKILL a random moment later, again and again: every next run must resume
 from the newest complete checkpoint, and the last must end bit-identical to a run never
 interrupted. A SIGTERM during a write must let that write complete (the ranks agree on the
-stop at a later step, about a second on), write the stop's checkpoint, then exit 75.
+stop at a later step, about a second on), write the stop's checkpoint, then exit 75. The
+same kills hit an FSDP job, whose every rank writes its shards in the background.
 """
 
 from __future__ import annotations
@@ -29,14 +30,16 @@ from helpers.launch_helpers import REPO, SCRIPTS
 pytestmark = pytest.mark.multiproc
 
 KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_KILLS", "4"))  # the note records a run of 50
+SHARDED_KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_SHARDED_KILLS", "2"))
 EPOCHS = os.environ.get("ASYNC_SAVES_EPOCHS", "3")  # the script reads it too (50 kills: 10)
 DONE = f"epoch {EPOCHS}/{EPOCHS}"
 
 
-def start(folder: Path, out: Path) -> subprocess.Popen[str]:
+def start(folder: Path, out: Path, strategy: str = "ddp") -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2",
                str(SCRIPTS / "async_saves.py"), str(folder), str(out)]  # fmt: skip
-    return subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE,
+    env = {**os.environ, "ASYNC_SAVES_STRATEGY": strategy}
+    return subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE, env=env,
                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
 
 
@@ -67,25 +70,40 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    folder = tmp_path_factory.mktemp("reference")
-    output = finish(start(folder / "ck", folder / "out.pt"))
+def uninterrupted(folder: Path, strategy: str) -> dict[str, torch.Tensor]:
+    output = finish(start(folder / "ck", folder / "out.pt", strategy))
     assert "saved" in output and DONE in output, output
     return final_state(folder / "out.pt")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    return uninterrupted(tmp_path_factory.mktemp("reference"), "ddp")
 
 
 @pytest.mark.timeout(900)
 def test_kill_9_during_background_writes_resumes_from_the_newest_complete_one(
     tmp_path: Path, reference: dict[str, torch.Tensor]
 ) -> None:
+    kill_during_writes_then_finish(tmp_path, "ddp", KILLS, reference)
+
+
+@pytest.mark.timeout(600)
+def test_kill_9_during_sharded_background_writes_resumes_bit_identical(tmp_path: Path) -> None:
+    reference = uninterrupted(tmp_path / "reference", "fsdp")
+    kill_during_writes_then_finish(tmp_path, "fsdp", SHARDED_KILLS, reference)
+
+
+def kill_during_writes_then_finish(
+    tmp_path: Path, strategy: str, count: int, reference: dict[str, torch.Tensor]
+) -> None:
     folder, out, chance = tmp_path / "ck", tmp_path / "out.pt", random.Random(0)
     kills = 0
-    while kills < KILLS:
+    while kills < count:
         newest = (
             list_checkpoints(folder)[-1] if folder.is_dir() and list_checkpoints(folder) else None
         )
-        job = start(folder, out)
+        job = start(folder, out, strategy)
         if wait_for_a_write(folder, job) is None:
             break  # the job finished before another write: nothing left to interrupt
         time.sleep(chance.uniform(0, 0.05))  # somewhere inside the write
@@ -94,9 +112,9 @@ def test_kill_9_during_background_writes_resumes_from_the_newest_complete_one(
         if newest is not None:  # this run started from the newest complete checkpoint
             assert f"resumed from {newest}" in output, output
         kills += 1
-    assert kills == KILLS
+    assert kills == count
     newest = list_checkpoints(folder)[-1]
-    output = finish(start(folder, out))
+    output = finish(start(folder, out, strategy))
     assert f"resumed from {newest}" in output and DONE in output, output
     final = final_state(out)
     assert [k for k in reference if not torch.equal(reference[k], final[k])] == []

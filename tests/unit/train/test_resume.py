@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint, parse_name, save_checkpoint
 from ddpkit.errors import CheckpointError, NonFiniteLossError
 from ddpkit.train.stop import StopSignals
-from helpers.mp_workers import cpu_state, crash_before_step, toy_dataset
+from helpers.mp_workers import cpu_state, toy_dataset
+from helpers.resume_helpers import Interrupted, dropout_model, train
 
 
 def reseal(state: dict[str, object], path: Path) -> None:
@@ -26,40 +26,6 @@ def reseal(state: dict[str, object], path: Path) -> None:
     position = parse_name(path.name)
     assert position is not None
     save_checkpoint(state, path.parent, position.epoch, position.step)
-
-
-class Interrupted(Exception):
-    """Stands in for a crash at a chosen optimizer step."""
-
-
-def dropout_model() -> nn.Module:
-    torch.manual_seed(0)  # dropout makes the result depend on the random state too
-    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
-
-
-def train(
-    folder: Path,
-    epochs: int = 3,
-    crash_at: int | None = None,
-    plain_loader: bool = False,
-    model_fn: Callable[[], nn.Module] = dropout_model,
-    **options: object,
-) -> tuple[dict[str, torch.Tensor], list[dict[str, float]]]:
-    """Adam on the toy task (5 steps per epoch), saving every 2 steps; optionally crash."""
-    ddpkit.shutdown()
-    ddpkit.init(seed=3, hang_timeout=0)
-    model = ddpkit.prepare_model(model_fn())
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    options = {"save_every_steps": 2, **options}
-    trainer = ddpkit.Trainer(model, opt, F.cross_entropy, folder, **options)  # type: ignore[arg-type]
-    if crash_at is not None:
-        crash_before_step(trainer, crash_at, Interrupted)
-    data = toy_dataset()
-    shuffled = torch.Generator().manual_seed(5)  # a fixed order per run, not per epoch
-    loader = (DataLoader(data, batch_size=8, shuffle=True, generator=shuffled) if plain_loader
-              else ddpkit.prepare_loader(data, batch_size=8))  # fmt: skip
-    history = trainer.fit(loader, epochs=epochs)
-    return cpu_state(model), history
 
 
 @pytest.mark.parametrize("crash_at", [4, 7, 10])
@@ -296,12 +262,12 @@ def test_checkpoints_written_in_the_background_resume_to_the_same_parameters(
 def test_a_background_write_that_fails_is_raised_at_the_next_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddpkit.train import checkpointer
+    from ddpkit.checkpoint import store
 
     def disk_full(state: object, path: Path) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpointer, "save_sealed", disk_full)
+    monkeypatch.setattr(store, "save_sealed", disk_full)
     with pytest.raises(CheckpointError, match=r"writing epoch_000001_step_000002\.pt in the "
                        r"background failed: \[Errno 28\] No space left"):  # fmt: skip
         train(tmp_path, async_save=True)
