@@ -16,9 +16,10 @@ and the step time of the steps a background write overlapped against the steps i
     .venv/bin/python benchmarks/checkpoint_cost.py --training --rounds 3 --threads 1
     .venv/bin/python benchmarks/checkpoint_cost.py --training --folder s3://bucket/bench
 
-``--folder`` puts the training's checkpoints there instead of a temporary folder: another
-disk, or an object store (``s3://...``; with an S3-compatible server of your own, set
-``AWS_ENDPOINT_URL`` and the credentials; each run writes under a prefix of its own).
+``--every N`` saves every N steps (default 5). ``--folder`` puts the training's checkpoints
+there instead of a temporary folder: another disk, or an object store (``s3://...``; with an
+S3-compatible server of your own, set ``AWS_ENDPOINT_URL`` and the credentials; each run
+writes under a prefix of its own).
 
 With every core training (the default on a CPU-only machine), the background write competes
 with the steps for the cores; ``--threads 1`` on 2 cores leaves one to the writer, as training
@@ -93,14 +94,15 @@ class Steps(Callback):
             self.clock.step_ended()
 
 
-def train_epochs(layers: int, rounds: int, folder: str) -> dict[str, SaveClock]:
+def train_epochs(layers: int, rounds: int, folder: str, every: int) -> dict[str, SaveClock]:
     import ddpkit
 
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(1000, 1000, bias=False) for _ in range(layers)])
     opt = torch.optim.Adam(model.parameters(), lr=1e-5)
-    data = torch.utils.data.TensorDataset(torch.randn(640, 1000), torch.randn(640, 1000))
+    samples = 32 * 4 * max(every, 5)  # four saves a run
+    data = torch.utils.data.TensorDataset(torch.randn(samples, 1000), torch.randn(samples, 1000))
     loader = ddpkit.prepare_loader(data, batch_size=32)
     clocks: dict[str, list[SaveClock]] = {"sync": [], "async": []}
     for index in range(2 * rounds):
@@ -108,7 +110,7 @@ def train_epochs(layers: int, rounds: int, folder: str) -> dict[str, SaveClock]:
         steps = Steps()
         run = f"{folder}/{time.strftime('%H%M%S')}-{index}"  # every run from scratch
         trainer = ddpkit.Trainer(model, opt, torch.nn.functional.mse_loss, run,
-                                 save_every_steps=5, keep_last=2, callbacks=[steps],
+                                 save_every_steps=every, keep_last=2, callbacks=[steps],
                                  async_save=setting == "async")  # fmt: skip
         steps.clock = SaveClock(trainer)
         trainer.fit(loader, epochs=1)
@@ -123,9 +125,9 @@ def train_epochs(layers: int, rounds: int, folder: str) -> dict[str, SaveClock]:
     return merged
 
 
-def report_training(clocks: dict[str, SaveClock], megabytes: float) -> None:
+def report_training(clocks: dict[str, SaveClock], megabytes: float, every: int) -> None:
     stall = {s: (min(c.stalls), statistics.median(c.stalls)) for s, c in clocks.items()}
-    print(f"training with a {megabytes:.0f} MB checkpoint every 5 steps, stall per save:")
+    print(f"training with a {megabytes:.0f} MB checkpoint every {every} steps, stall per save:")
     for setting, (fastest, median) in stall.items():
         print(f"  {setting:5s} fastest {fastest:6.3f} s  median {median:6.3f} s  "
               f"({len(clocks[setting].stalls)} saves)")  # fmt: skip
@@ -147,6 +149,7 @@ def main() -> None:
     parser.add_argument("--training", action="store_true", help="the stall per save instead")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads for training (default: every core)")  # fmt: skip
+    parser.add_argument("--every", type=int, default=5, help="steps between checkpoints")
     parser.add_argument("--folder", default=None,
                         help="where the training's checkpoints go: a path or s3://...")  # fmt: skip
     args = parser.parse_args()
@@ -156,8 +159,8 @@ def main() -> None:
     if args.training:
         folder = Path(tempfile.mkdtemp(prefix="ddpkit-ckpt-", dir=Path.cwd()))
         try:
-            clocks = train_epochs(args.layers, args.rounds, args.folder or str(folder))
-            report_training(clocks, megabytes)
+            clocks = train_epochs(args.layers, args.rounds, args.folder or str(folder), args.every)
+            report_training(clocks, megabytes, args.every)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         return
