@@ -119,18 +119,26 @@ def _stream_loader(
 
 
 class ResumableDistributedSampler(DistributedSampler[Any]):
-    """torch's ``DistributedSampler`` whose epoch can begin part-way through (resume).
+    """torch's ``DistributedSampler`` whose epoch can begin part-way through, at this world
+    size or another.
 
-    :meth:`start_at` skips the first samples of this rank's shard for the current epoch
-    only; ``set_epoch`` starts the next epoch from its beginning. The order, the shards and
-    ``len()`` (the whole epoch) are exactly DistributedSampler's, so a run resumed mid-epoch
-    reads the samples the interrupted run had not read yet, and nothing else.
+    The epoch's order over the dataset's global index is DistributedSampler's (shuffled by
+    seed + epoch), whatever the world size, and rank r of W takes its positions r, r+W, ...:
+    after b batches of B on each of W ranks, exactly the first b*B*W positions are done.
+    :meth:`start_at` (a global position) deals out the rest over this sampler's ranks the
+    same way, so a run resumed on M ranks after N goes on with the samples not yet done, each
+    once (the usual padding aside: ``drop_last=False`` repeats a few of the epoch's first
+    samples so that the rest divides by M). From position 0, and resumed at the same world
+    size, it is DistributedSampler sample for sample; ``len()`` is the whole epoch's.
 
     Example:
         >>> data = torch.utils.data.TensorDataset(torch.arange(6))
         >>> sampler = ResumableDistributedSampler(data, num_replicas=2, rank=0, shuffle=False)
-        >>> sampler.start_at(1); list(sampler), len(sampler)
+        >>> sampler.start_at(2); list(sampler), len(sampler)
         ([2, 4], 3)
+        >>> alone = ResumableDistributedSampler(data, num_replicas=1, rank=0, shuffle=False)
+        >>> alone.start_at(2); list(alone)       # the same epoch, on one rank from here
+        [2, 3, 4, 5]
         >>> sampler.set_epoch(1); list(sampler)
         [0, 2, 4]
     """
@@ -139,17 +147,43 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         super().__init__(dataset, *args, **kwargs)
         self.start = 0
 
-    def start_at(self, samples: int) -> None:
-        """Skip this rank's first ``samples`` samples of the current epoch."""
-        self.start = samples
+    def start_at(self, position: int) -> None:
+        """Begin the current epoch after its first ``position`` samples (over all ranks)."""
+        self.start = position
 
     def set_epoch(self, epoch: int) -> None:
         """Begin ``epoch`` from its first sample, reshuffled as DistributedSampler does."""
         super().set_epoch(epoch)
         self.start = 0
 
+    def remaining(self) -> int:
+        """How many samples this rank reads from :meth:`start_at`'s position to the end."""
+        return len(self._dealt())
+
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(super().__iter__(), self.start, None)
+        return iter(self._dealt())
+
+    def _dealt(self) -> list[int]:
+        order = self._epoch_order()
+        left = len(order) - self.start
+        if left <= 0:
+            return []
+        if self.drop_last:
+            rest = order[self.start : self.start + left // self.num_replicas * self.num_replicas]
+        else:  # padded from the epoch's head, as DistributedSampler pads
+            padding = itertools.islice(itertools.cycle(order), -left % self.num_replicas)
+            rest = order[self.start :] + list(padding)
+        return rest[self.rank :: self.num_replicas]
+
+    def _epoch_order(self) -> list[int]:
+        """DistributedSampler's order of the whole epoch, before padding."""
+        size = len(cast(Sized, self.dataset))
+        if not self.shuffle:
+            return list(range(size))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        order: list[int] = torch.randperm(size, generator=generator).tolist()
+        return order
 
 
 class GlobalOrderSampler(Sampler[int]):

@@ -1,18 +1,19 @@
 """A run's checkpoints: when one is due, writing it, and resuming from the newest usable one.
 
 A checkpoint is due every ``save_every`` epochs, every ``save_every_steps`` steps and at the
-end (the loop also saves one for a stop signal). The checkpoints live in a folder or, for a
-``checkpoint_dir`` URL such as ``s3://bucket/run``, in an object store
-(:mod:`ddpkit.checkpoint.store`). It holds the run's ``state_dict``; taken
-mid-epoch, the position in it (:mod:`ddpkit.train.progress`); and every rank's random
-generators, gathered to the writer. Once a write is durable only ``keep_last`` are kept.
+end (the loop also saves one for a stop signal). It holds the run's ``state_dict``; taken
+mid-epoch, the position in it (:mod:`ddpkit.train.progress`), which a run at another world
+size goes on from; the world size and global batch; and every rank's random generators,
+gathered to the writer. Once a write is durable only ``keep_last`` are kept. Checkpoints live
+in a folder or, for a ``checkpoint_dir`` URL such as ``s3://bucket/run``, in an object store
+(:mod:`ddpkit.checkpoint.store`).
 
 Resuming takes the newest checkpoint that every rank can load and whose checksum matches. A
 truncated, corrupted or unsafe one is reported, renamed ``*.invalid`` and the previous one is
 used; if none is usable the run stops instead of starting over. A checkpoint of a different
 model (another job sharing the folder: each checkpoint records the names, dtypes and shapes
-of the model's tensors, :mod:`ddpkit.train.signature`), or in a format this ddpkit does not know,
-is refused by name and left as it is.
+of the model's tensors, :mod:`ddpkit.train.signature`), or in a format this ddpkit does not
+know, is refused by name and left as it is.
 
 Example:
     >>> from ddpkit.train.options import CheckpointOptions
@@ -40,6 +41,7 @@ from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.session import current_world
+from ddpkit.train.console import RunSetup
 from ddpkit.train.options import CheckpointOptions
 from ddpkit.train.progress import EpochProgress, loader_generator_state
 from ddpkit.train.signature import check_same_model, model_signature
@@ -58,6 +60,10 @@ class Checkpointable(Protocol):
     @property
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
         """Every optimizer, by name."""
+
+    @property
+    def setup(self) -> RunSetup | None:
+        """How the run is set up (world size, global batch), once it started."""
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """Everything needed to resume (``weights=False``: without models and optimizers)."""
@@ -82,6 +88,7 @@ class Checkpointer:
         self.options = options
         self.writer = BackgroundWriter() if options.async_save else None
         self._owed = False  # a step checkpoint the epoch's end writes instead
+        self.resumed_batch: dict[str, Any] | None = None  # the batch facts resumed from
 
     def due_after_step(self, step: int, defer: bool) -> bool:
         """Whether step ``step``'s checkpoint is due now. ``defer`` (the epoch's last batch,
@@ -110,6 +117,7 @@ class Checkpointer:
             "progress": progress.state_dict() if progress is not None else None,
             "ranks": gather_from_ranks({"rng": capture_rng(), "loader_generator": generator}),
             "model_signature": model_signature(run.model),
+            "batch": run.setup.batch_facts() if run.setup is not None else None,
         }
         if strategy_of(run.model).sharded:  # every rank writes its shards
             name = self._write_sharded(run, {**run.state_dict(weights=False), **extra}, position)
@@ -220,6 +228,7 @@ class Checkpointer:
         if name.endswith(".dcp"):
             _sharded().load_sharded(run.model, list(run.optimizers.values()), self._local() / name)
         run.load_state_dict(state)
+        self.resumed_batch = state.get("batch")
         progress = _restored_progress(state, int(state["epoch"]), loader, name)
         position = parse_name(name)
         logger.info(
@@ -271,10 +280,12 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str
     if not ranks:  # written before ddpkit saved random state: as it always resumed
         return progress
     if len(ranks) != world.world_size:
+        saved = state.get("progress")
+        if saved is not None:
+            progress.load_state_dict(saved, same_world=False)
         logger.info(
             f"{name} was written by {len(ranks)} rank(s) and this run has "
-            f"{world.world_size}: random streams start afresh"
-            + (" and the interrupted epoch restarts" if state.get("progress") else "")
+            f"{world.world_size}: random streams start afresh" + _where_it_goes_on(saved)
         )
         return progress
     mine = ranks[world.rank]
@@ -283,3 +294,13 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str
     if state.get("progress") is not None:
         progress.load_state_dict(state["progress"])
     return progress
+
+
+def _where_it_goes_on(saved: dict[str, Any] | None) -> str:
+    """What happens to the interrupted epoch, if any, at another world size."""
+    if saved is None:
+        return ""
+    if saved.get("samples") is None:
+        return " and the interrupted epoch restarts (its loader cannot go on at a position)"
+    return (f", and epoch {int(saved['epoch']) + 1} goes on after the {saved['samples']} "
+            "samples the ranks had done, each of the others once")  # fmt: skip

@@ -92,6 +92,32 @@ class RunSetup:
         parts = [f"training {name}", batch, self.lrs or f"lr {self.lr:g}", self.precision]
         return "; ".join(parts + ([self.padding] if self.padding else []))
 
+    def batch_facts(self) -> dict[str, Any]:
+        """What a checkpoint records of the batch, to compare after a resume elsewhere."""
+        return {"world_size": self.world_size, "global_batch": self.global_batch}
+
+    def change_from(self, saved: Mapping[str, Any] | None) -> str | None:
+        """A line when a resume changed the world size: whether the global batch was kept.
+
+        Example:
+            >>> setup = RunSetup(1, "ddp", 12, 12, "global", 12, None, 0, 0.1, "fp32")
+            >>> setup.change_from({"world_size": 2, "global_batch": 12})
+            'world size 2 -> 1: global batch 12 kept (12 per device x 1 rank)'
+        """
+        if not saved or saved.get("world_size") in (None, self.world_size):
+            return None
+        head = f"world size {saved['world_size']} -> {self.world_size}: "
+        now = _batch_text(self.per_device_batch, self.world_size, self.accumulate)
+        before = saved.get("global_batch")
+        if before == self.global_batch:
+            return head + now.replace(" = ", " kept (", 1) + ")"
+        return head + (
+            f"global batch {before} -> {self.global_batch} ({now.split(' = ')[-1]}; "
+            f"batch_policy={self.batch_policy!r} keeps the batch per device); to keep the "
+            "global batch, and with it the learning rate's meaning, pass "
+            "batch_policy='global' to prepare_loader"
+        )
+
 
 class Console:
     """Rank 0's lines and bar for one run.
@@ -111,10 +137,15 @@ class Console:
         self._said_setup = False
         self.times: RankTimes | None = None  # the ranks' step times, as last shared
 
-    def fit_started(self, setup: RunSetup) -> None:
-        """Say how the run is set up (once: a second ``fit`` of the same run says nothing)."""
+    def fit_started(self, setup: RunSetup, resumed: Mapping[str, Any] | None = None) -> None:
+        """Say how the run is set up (once: a second ``fit`` of the same run says nothing),
+        and what a resume at another world size did to the batch (``resumed``: the batch
+        facts of the checkpoint resumed from)."""
         if not self._said_setup:
             logger.info(setup.describe())
+            change = setup.change_from(resumed)
+            if change:
+                logger.info(change)
         self._said_setup = True
 
     def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:

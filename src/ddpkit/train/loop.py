@@ -15,10 +15,10 @@ through it and marks the backward and the update; ``Trainer.fit`` is this loop w
             loop.optimizer_step(opt)          # the guard's verdict, opt.step(), opt.zero_grad()
             sched.step()
 
-Both faces get the same steps: exact resume (mid-epoch too), stop signals (exit 75), the
-NaN/inf guard, accumulation, precision, uneven ranks under ``Join``, the watchdog, the epoch
-line, the step-time breakdown, logs, callbacks, ``ddpkit verify``. A checkpoint is taken
-once the body that called ``optimizer_step`` has finished (your ``sched.step()`` is in it).
+Both faces get the same steps: exact resume (mid-epoch, at any world size), stop signals,
+the NaN/inf guard, accumulation, precision, uneven ranks under ``Join``, the watchdog, the
+epoch line, the step-time breakdown, logs, callbacks, ``ddpkit verify``. A checkpoint is
+taken once the body that called ``optimizer_step`` has finished (``sched.step()`` too).
 
 Example:
     >>> import torch, ddpkit
@@ -33,8 +33,7 @@ Example:
     ...         loop.backward(torch.nn.functional.mse_loss(model(x), y))
     ...         loop.optimizer_step(opt)
     ddpkit: training an unwrapped model; global batch 2 = 2 per device x 1 rank; lr 0.1; fp32
-    epoch 1/2  loss ...
-    epoch 2/2  loss ...
+    epoch 1/2  loss ... epoch 2/2  loss ...
     >>> loop.step, loop.epoch
     (4, 2)
     >>> ddpkit.shutdown()
@@ -292,9 +291,10 @@ class TrainLoop:
         self.setup = RunSetup.of(self.run, self.options, loader, self.world.world_size)
         self.monitor.next_step(self.run.step + 1)
         # Where training stands, for the launcher, should a stop come between two steps.
-        where = "no checkpoint yet" if self.checkpointer else "no checkpoint_dir"
+        saver = self.checkpointer
+        where = "no checkpoint yet" if saver else "no checkpoint_dir"
         record_failure(where, where, RecordKind.TRAINING)
-        self.console.fit_started(self.setup)
+        self.console.fit_started(self.setup, saver.resumed_batch if saver else None)
         self.events.call("on_fit_start")
 
     def _progress_for(self, epoch: int, loader: Any) -> EpochProgress:

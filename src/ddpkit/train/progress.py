@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -57,6 +58,9 @@ class EpochProgress:
         self.generator_state = loader_generator_state(loader)  # before this epoch draws from it
         self.rng: dict[str, Any] | None = None  # restored just before the first new batch
         self._elapsed_before = 0.0
+        self.resumed_at: int | None = None  # the global position a resume starts the epoch at
+        self._base = (0, 0)  # (global position, batches) this process's batches count from
+        self._per_batch: int | None = None  # global positions one batch on every rank covers
         self._started = time.perf_counter()
         self._ended: float | None = None  # when the epoch's last batch was done
 
@@ -98,11 +102,35 @@ class EpochProgress:
         generator = getattr(loader, "generator", None)
         if isinstance(generator, torch.Generator) and self.generator_state is not None:
             generator.set_state(self.generator_state)
-        iterator = skip_batches(loader, self.batches)
+        self._per_batch = _positions_per_batch(loader)
+        if self.resumed_at is not None and self._per_batch is None:
+            self._restart()  # saved with a prepare_loader loader, resumed with another kind
+        if self.resumed_at is not None:
+            iterator = self._continue_at(loader, self.resumed_at)
+        else:
+            iterator = skip_batches(loader, self.batches)
         if self.rng is not None:
             restore_rng(self.rng)
             self.rng = None
         return iterator
+
+    def _continue_at(self, loader: Any, position: int) -> Iterator[Any]:
+        """Deal the epoch's samples after ``position`` over this world's ranks; the batches
+        done are counted so that the epoch still ends at ``len(loader)``."""
+        sampler = loader.sampler
+        sampler.start_at(position)
+        left = sampler.remaining() / loader.batch_size
+        self.batches = len(loader) - (int(left) if loader.drop_last else math.ceil(left))
+        self._base = (position, self.batches)
+        return iter(loader)
+
+    def position(self) -> int | None:
+        """How many of the epoch's samples, over all ranks, are done (None: unknown, the
+        loader is not ``prepare_loader``'s over a map-style dataset)."""
+        if self._per_batch is None:
+            return None
+        done, counted = self._base
+        return done + (self.batches - counted) * self._per_batch
 
     def state_dict(self) -> dict[str, Any]:
         """The position, with the metric sums summed over ranks (a collective).
@@ -112,31 +140,52 @@ class EpochProgress:
             >>> _ = ddpkit.init()
             ddpkit: world size 1 ...
             >>> sorted(EpochProgress(0, loader=[]).state_dict())
-            ['batches', 'elapsed_s', 'epoch', 'metric_names', 'metric_sums']
+            ['batches', 'elapsed_s', 'epoch', 'metric_names', 'metric_sums', 'samples']
             >>> ddpkit.shutdown()
         """
         names, sums = self.sums.reduced_sums()
         return {
             "epoch": self.epoch,
             "batches": self.batches,
+            "samples": self.position(),
             "metric_names": names,
             "metric_sums": torch.tensor(sums, dtype=torch.float64),
             "elapsed_s": self.elapsed_s,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], same_world: bool = True) -> None:
         """Continue the saved position; the summed metrics go to rank 0 alone, so the
-        epoch's totals count them once.
+        epoch's totals count them once. From another world size (``same_world=False``) the
+        epoch goes on after the samples done over all ranks, where the checkpoint knows
+        them (``prepare_loader``'s loaders over map-style data); otherwise it restarts.
 
         Example::
 
             progress.load_state_dict(checkpoint["progress"])
         """
         self.epoch = int(state["epoch"])
-        self.batches = int(state["batches"])
+        self.resumed_at = state.get("samples")
+        if not same_world and self.resumed_at is None:
+            return  # the epoch restarts: nothing of it is kept
+        self.batches = int(state["batches"]) if same_world else 0
         if is_main():
             self.sums.load(list(state["metric_names"]), state["metric_sums"])
         self._elapsed_before = float(state["elapsed_s"])
+
+    def _restart(self) -> None:
+        """Forget the part of the epoch done (a loader that cannot go on at a position)."""
+        self.batches, self.resumed_at, self._elapsed_before = 0, None, 0.0
+        self.sums = MetricSums(current_world().device)
+
+
+def _positions_per_batch(loader: Any) -> int | None:
+    """Global positions one batch of ``loader`` on every rank covers (None: not a loader
+    whose epoch can continue at a global position)."""
+    sampler = getattr(loader, "sampler", None)
+    per_batch = getattr(loader, "batch_size", None)
+    if isinstance(sampler, ResumableDistributedSampler) and per_batch:
+        return int(per_batch * sampler.num_replicas)
+    return None
 
 
 def loader_generator_state(loader: Any) -> torch.Tensor | None:
@@ -166,7 +215,7 @@ def skip_batches(loader: Any, count: int) -> Iterator[Any]:
     sampler = getattr(loader, "sampler", None)
     per_batch = getattr(loader, "batch_size", None)
     if isinstance(sampler, ResumableDistributedSampler) and per_batch:
-        sampler.start_at(count * per_batch)
+        sampler.start_at(count * per_batch * sampler.num_replicas)
         count = 0  # the sampler leaves them out: nothing to read
     iterator: Iterator[Any] = iter(loader)
     for _ in range(count):

@@ -191,21 +191,30 @@ def test_stop_signals_are_caught_only_inside_and_handlers_come_back() -> None:
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_checkpoint_written_by_more_ranks_restarts_its_epoch(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("position_known", [True, False], ids=["goes-on", "restarts"])
+def test_a_checkpoint_written_by_more_ranks_goes_on_at_its_position_or_restarts_the_epoch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], position_known: bool
 ) -> None:
     with pytest.raises(Interrupted):
         train(tmp_path, crash_at=7)
     newest = list_checkpoints(tmp_path)[-1]
     state = load_checkpoint(newest)
-    state["world_size"], state["ranks"] = 2, state["ranks"] * 2  # as if two ranks wrote it
+    state["ranks"] = state["ranks"] * 2  # as if two ranks wrote it
+    if not position_known:  # a loader that cannot go on at a position (a stream, say)
+        state["progress"]["samples"] = None
     reseal(state, newest)
     capsys.readouterr()
     _, history = train(tmp_path)
-    assert "written by 2 rank(s) and this run has 1" in capsys.readouterr().out
-    assert history[1]["samples"] == 40.0
-    # Step 6 (epoch 2's first) was saved; epoch 2 ran again in full: 6 + 5 + 5 steps, not 15.
-    assert load_checkpoint(list_checkpoints(tmp_path)[-1])["step"] == 16
+    out = capsys.readouterr().out
+    assert "written by 2 rank(s) and this run has 1: random streams start afresh" in out
+    assert history[1]["samples"] == 40.0  # no sample counted twice either way
+    steps = load_checkpoint(list_checkpoints(tmp_path)[-1])["step"]
+    if position_known:  # step 6 (epoch 2's first) was saved: 8 samples of 40 done
+        assert "epoch 2 goes on after the 8 samples the ranks had done" in out
+        assert steps == 15
+    else:  # epoch 2 ran again in full: 6 + 5 + 5 steps
+        assert "the interrupted epoch restarts" in out
+        assert steps == 16
 
 
 def test_a_step_checkpoint_on_an_epochs_last_batch_is_that_epochs_checkpoint(

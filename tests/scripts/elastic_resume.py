@@ -1,0 +1,58 @@
+"""A job that records every sample it trains, to resume at another world size (ddpkit run).
+
+    elastic_resume.py CHECKPOINT_DIR RECORDS_DIR [CRASH_AT_STEP]
+
+960 samples, a global batch of 12 kept at every world size (``batch_policy="global"``: 6 per
+device on 2 ranks, 12 on 1, 4 on 3), 80 steps an epoch, 2 epochs, a checkpoint every 4 steps.
+Each rank appends ``epoch step id`` for every sample it trains (``step``: the update it was
+in) to RECORDS_DIR/rank<R>-<pid>.txt. With CRASH_AT_STEP every rank raises before that
+step's update (step 88's checkpoint is then the newest, 8 steps into epoch 2). Rank 0 writes
+the final parameters to RECORDS_DIR/final.pt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ddpkit
+
+
+def main() -> None:
+    folder, records = sys.argv[1], Path(sys.argv[2])
+    crash_at = int(sys.argv[3]) if len(sys.argv) > 3 else None
+    world = ddpkit.init(seed=0)
+    torch.manual_seed(0)
+    model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 3)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(960, 6, generator=generator),
+        torch.randint(0, 3, (960,), generator=generator),
+        torch.arange(960),
+    )
+    loader = ddpkit.prepare_loader(data, batch_size=12, batch_policy="global")
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, folder, save_every_steps=4)
+    records.mkdir(parents=True, exist_ok=True)
+    with open(records / f"rank{world.rank}-{os.getpid()}.txt", "a") as seen:
+        for epoch in loop.epochs(2):
+            for x, y, ids in loop.batches(loader):
+                step = loop.step + 1  # the update this batch makes
+                if step == crash_at:
+                    raise RuntimeError(f"crash before step {crash_at}")
+                loop.backward(F.cross_entropy(model(x), y))
+                loop.optimizer_step(opt)
+                seen.writelines(f"{epoch} {step} {i}\n" for i in ids.tolist())
+    state = {k: v.detach().cpu() for k, v in ddpkit.unwrap_model(model).state_dict().items()}
+    if ddpkit.is_main():
+        torch.save(state, records / "final.pt")
+    ddpkit.shutdown()
+
+
+if __name__ == "__main__":
+    main()
