@@ -7,13 +7,17 @@ device on 2 ranks, 12 on 1, 4 on 3), 80 steps an epoch, 2 epochs, a checkpoint e
 Each rank appends ``epoch step id`` for every sample it trains (``step``: the update it was
 in) to RECORDS_DIR/rank<R>-<pid>.txt. With CRASH_AT_STEP every rank raises before that
 step's update (step 88's checkpoint is then the newest, 8 steps into epoch 2). Rank 0 writes
-the final parameters to RECORDS_DIR/final.pt.
+the final parameters to RECORDS_DIR/final.pt. ``ELASTIC_EPOCHS`` (default 2) and
+``ELASTIC_STEP_S`` (a sleep per step, default 0) make a longer job for the membership tests;
+each file starts with ``# resumed at step S of world W at T`` (S 0: from scratch; T the
+time, to order the attempts of an elastic job).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -39,9 +43,14 @@ def main() -> None:
     loader = ddpkit.prepare_loader(data, batch_size=12, batch_policy="global")
     loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, folder, save_every_steps=4)
     records.mkdir(parents=True, exist_ok=True)
-    with open(records / f"rank{world.rank}-{os.getpid()}.txt", "a") as seen:
-        for epoch in loop.epochs(2):
+    pause = float(os.environ.get("ELASTIC_STEP_S", "0"))
+    with open(records / f"rank{world.rank}-{os.getpid()}.txt", "a", buffering=1) as seen:
+        for epoch in loop.epochs(int(os.environ.get("ELASTIC_EPOCHS", "2"))):
+            if seen.tell() == 0:
+                seen.write(f"# resumed at step {loop.step} of world {world.world_size} "
+                           f"at {time.time():.3f}\n")  # fmt: skip
             for x, y, ids in loop.batches(loader):
+                time.sleep(pause)
                 step = loop.step + 1  # the update this batch makes
                 if step == crash_at:
                     raise RuntimeError(f"crash before step {crash_at}")

@@ -204,7 +204,10 @@ def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
 
     OMP_NUM_THREADS splits the cores between workers (oversubscribed threads make CPU
     training slower, not faster); on a one-node job GLOO_SOCKET_IFNAME keeps gloo's traffic
-    on loopback.
+    on loopback. Under dynamic rendezvous each round of workers gets a store of its own
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, read by torch's rendezvous in this process): the
+    store shared across rounds keeps the previous round's keys, and after a host leaves or
+    joins, a worker could read its peer's old address and fail to connect (pytorch#135712).
 
     Example:
         >>> defaults = worker_env_defaults(LaunchPlan(nproc=2))
@@ -215,6 +218,8 @@ def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
     loopback = loopback_interface()
     if loopback is not None and plan.mode == "local":
         defaults["GLOO_SOCKET_IFNAME"] = loopback
+    if plan.mode == "dynamic":
+        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return {k: v for k, v in defaults.items() if k not in os.environ}
 
 

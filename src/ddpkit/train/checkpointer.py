@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import socket
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -113,9 +114,10 @@ class Checkpointer:
         """Write a checkpoint at ``position``, part-way through ``progress`` (None: after an
         epoch); a collective. Returns where it is (written, or being written)."""
         generator = loader_generator_state(loader) if progress is None else progress.generator_state
+        mine = {"rng": capture_rng(), "loader_generator": generator, "host": socket.gethostname()}
         extra = {
             "progress": progress.state_dict() if progress is not None else None,
-            "ranks": gather_from_ranks({"rng": capture_rng(), "loader_generator": generator}),
+            "ranks": gather_from_ranks(mine),
             "model_signature": model_signature(run.model),
             "batch": run.setup.batch_facts() if run.setup is not None else None,
         }
@@ -285,7 +287,8 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str
             progress.load_state_dict(saved, same_world=False)
         logger.info(
             f"{name} was written by {len(ranks)} rank(s) and this run has "
-            f"{world.world_size}: random streams start afresh" + _where_it_goes_on(saved)
+            f"{world.world_size}{_membership(ranks)}: random streams start afresh"
+            + _where_it_goes_on(saved)
         )
         return progress
     mine = ranks[world.rank]
@@ -304,3 +307,14 @@ def _where_it_goes_on(saved: dict[str, Any] | None) -> str:
         return " and the interrupted epoch restarts (its loader cannot go on at a position)"
     return (f", and epoch {int(saved['epoch']) + 1} goes on after the {saved['samples']} "
             "samples the ranks had done, each of the others once")  # fmt: skip
+
+
+def _membership(ranks: list[dict[str, Any]]) -> str:
+    """Which hosts left or joined since the checkpoint's ranks wrote it (a collective)."""
+    before = {rank["host"] for rank in ranks if "host" in rank}
+    now = {rank["host"] for rank in gather_from_ranks({"host": socket.gethostname()})}
+    if not before or before == now:
+        return ""
+    changes = [f"{', '.join(sorted(before - now))} left"] if before - now else []
+    changes += [f"{', '.join(sorted(now - before))} joined"] if now - before else []
+    return f" ({'; '.join(changes)})"

@@ -36,6 +36,8 @@ def trained(records: Path, up_to_step: int | None = None) -> list[tuple[int, int
     found = []
     for path in records.glob("rank*.txt"):
         for line in path.read_text().splitlines():
+            if line.startswith("#"):
+                continue
             epoch, step, sample = map(int, line.split())
             if up_to_step is None or step <= up_to_step:
                 found.append((epoch, sample))
