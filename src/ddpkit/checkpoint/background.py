@@ -72,6 +72,24 @@ def _copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return host.copy_(tensor, non_blocking=True)
 
 
+def tensor_bytes(value: Any) -> int:
+    """The bytes of every tensor in ``value`` (a sharded tensor: this rank's shard), which a
+    background save holds a copy of while it writes.
+
+    Example:
+        >>> tensor_bytes({"w": torch.zeros(4), "groups": [{"lr": 0.1}]})
+        16
+    """
+    if isinstance(value, torch.Tensor):
+        local = value.to_local() if hasattr(value, "to_local") else value
+        return int(local.nelement() * local.element_size())
+    if isinstance(value, dict):
+        return sum(tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(item) for item in value)
+    return 0
+
+
 _writing: set[threading.Thread] = set()  # every write in flight in this process
 
 

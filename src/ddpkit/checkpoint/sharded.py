@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ddpkit.checkpoint.background import tensor_bytes
 from ddpkit.checkpoint.files import (
     Position,
     fsync_directory,
@@ -143,6 +144,17 @@ def start_sharded_save(
         return final
 
     return complete
+
+
+def shard_bytes(model: nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> int:
+    """The bytes of this rank's shards of the model and optimizer state: what an
+    asynchronous save copies to CPU memory.
+
+    Example::
+
+        shard_bytes(fsdp_model, [optimizer]) / 2**20   # MB on this rank
+    """
+    return tensor_bytes(_dcp_state(model, optimizers))
 
 
 def _staging(folder: Path, position: Position) -> tuple[Path, Path]:

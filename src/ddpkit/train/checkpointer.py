@@ -33,7 +33,12 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import EVERY_RANK, logger
-from ddpkit.checkpoint.background import BackgroundWriter, snapshot, wait_for_writes
+from ddpkit.checkpoint.background import (
+    BackgroundWriter,
+    snapshot,
+    tensor_bytes,
+    wait_for_writes,
+)
 from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
@@ -90,6 +95,7 @@ class Checkpointer:
         self.writer = BackgroundWriter() if options.async_save else None
         self._owed = False  # a step checkpoint the epoch's end writes instead
         self.resumed_batch: dict[str, Any] | None = None  # the batch facts resumed from
+        self._copy_said = False
 
     def due_after_step(self, step: int, defer: bool) -> bool:
         """Whether step ``step``'s checkpoint is due now. ``defer`` (the epoch's last batch,
@@ -140,6 +146,7 @@ class Checkpointer:
             self._write_now(state, name)
             return
         frozen = snapshot(state)  # training goes on once the copy is taken
+        self._say_copy(tensor_bytes(frozen))
         self._waited(self.writer.submit(lambda: self._write_now(frozen, name), name), name)
 
     def _write_sharded(self, run: Checkpointable, state: dict[str, Any], where: Position) -> str:
@@ -151,9 +158,18 @@ class Checkpointer:
             self._published(name)
             return name
         self._waited(self.writer.wait(), name)
+        self._say_copy(sharded.shard_bytes(run.model, optimizers))
         complete = sharded.start_sharded_save(run.model, optimizers, snapshot(state), folder, where)
         self.writer.submit(lambda: self._published(complete().name), name)
         return name
+
+    def _say_copy(self, size: int) -> None:
+        """The memory a background save costs, said at the first one."""
+        if not self._copy_said:
+            where = "pinned CPU memory" if torch.cuda.is_available() else "CPU memory"
+            logger.info(f"async_save: each save is copied to {where} ({size / 2**20:.0f} MB "
+                        "on this rank) and written while training goes on")  # fmt: skip
+        self._copy_said = True
 
     def _waited(self, waited: float, name: str) -> None:
         if waited >= _SAY_WAIT_S:

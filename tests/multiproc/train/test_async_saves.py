@@ -73,6 +73,11 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
 def uninterrupted(folder: Path, strategy: str) -> dict[str, torch.Tensor]:
     output = finish(start(folder / "ck", folder / "out.pt", strategy))
     assert "saved" in output and DONE in output, output
+    copied = re.search(
+        r"async_save: each save is copied to CPU memory \((\d+) MB on this rank", output
+    )
+    expected_mb = {"ddp": 54, "fsdp": 27}[strategy]  # 4.7M parameters and Adam's 2 moments
+    assert copied and abs(int(copied[1]) - expected_mb) <= 2, output
     return final_state(folder / "out.pt")
 
 
