@@ -162,6 +162,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=6)
     parser.add_argument("--batch-size", type=int, default=16, help="windows per device")
+    parser.add_argument("--batch-policy", choices=["per_device", "global"], default="per_device",
+                        help="global: --batch-size split over the ranks, kept when the world "
+                             "size changes (an elastic job)")  # fmt: skip
     parser.add_argument("--lr", type=float, default=6e-3, help="peak, after warm-up")
     parser.add_argument("--warmup", type=int, default=20, help="warm-up steps")
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
@@ -176,8 +179,9 @@ def main() -> None:
     config = GPTConfig()
     train_set, val_set = load_text(config.block_size)
     model = ddpkit.prepare_model(GPT(config))
-    train = ddpkit.prepare_loader(train_set, batch_size=args.batch_size)
-    val = ddpkit.prepare_loader(val_set, batch_size=args.batch_size, shuffle=False)
+    plan = ddpkit.plan_batch(args.batch_size, args.batch_policy)
+    train = ddpkit.prepare_loader(train_set, plan)
+    val = ddpkit.prepare_loader(val_set, plan, shuffle=False)
     decay = [p for p in model.parameters() if p.dim() >= 2]  # weights decay; norms, biases not
     rest = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]

@@ -42,6 +42,7 @@ FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"  # 1: keep ddpkit's own frames in t
 WORKER_SETUP_ENV = "DDPKIT_WORKER_SETUP"  # "module:function" run before the script
 LAUNCHER_REPORTS_ENV = "DDPKIT_LAUNCHER_REPORTS"  # 1: the launcher prints the traceback once
 MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"  # stop every rank after K optimizer steps, exit 0
+SAVE_AT_STEP_ENV = "DDPKIT_SAVE_AT_STEP"  # also checkpoint after step K (verify --then)
 CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
 METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
 VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's record

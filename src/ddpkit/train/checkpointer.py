@@ -32,7 +32,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.log import EVERY_RANK, logger
+from ddpkit._core.protocol import SAVE_AT_STEP_ENV
 from ddpkit.checkpoint.background import (
     BackgroundWriter,
     snapshot,
@@ -96,13 +98,18 @@ class Checkpointer:
         self._owed = False  # a step checkpoint the epoch's end writes instead
         self.resumed_batch: dict[str, Any] | None = None  # the batch facts resumed from
         self._copy_said = False
+        self._save_at = positive_int_var(SAVE_AT_STEP_ENV)
 
-    def due_after_step(self, step: int, defer: bool) -> bool:
-        """Whether step ``step``'s checkpoint is due now. ``defer`` (the epoch's last batch,
-        or an epoch whose ranks cannot meet between batches): the epoch's end writes it."""
+    def due_after_step(self, step: int, last: bool, even: bool = True) -> bool:
+        """Whether step ``step``'s checkpoint is due now. At the epoch's ``last`` batch, or in
+        an epoch whose ranks cannot meet between batches (not ``even``), the epoch's end
+        writes it. ``DDPKIT_SAVE_AT_STEP`` (``ddpkit verify --then``) asks for one right
+        after that step, the epoch's last batch included: the run stops there."""
         every = self.options.save_every_steps
         due = every is not None and step % every == 0
-        if defer:
+        if even and step == self._save_at:
+            return True
+        if last or not even:
             self._owed = self._owed or due
             return False
         return due

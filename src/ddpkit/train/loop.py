@@ -336,15 +336,14 @@ class TrainLoop:
     def _after_step(
         self, progress: EpochProgress, last: bool, limit: Stop | None, signal: str | None
     ) -> None:
-        """The stop (a signal any rank got saves first; the step limit does not), or the
-        step's checkpoint when due (the epoch's end writes one due at its last batch)."""
+        """The stop (a signal any rank got saves first), the step's checkpoint when due (the
+        epoch's end writes one due at its last batch), then the step limit's stop."""
         if signal:
             self._preempt(signal, progress)
+        if self.checkpointer and self.checkpointer.due_after_step(self.run.step, last, self._even):
+            self._save(progress)  # never inside an uneven epoch: its ranks cannot meet there
         if limit is not None:
             self._stop(limit)
-        defer = last or not self._even  # an uneven epoch's ranks cannot meet inside it
-        if self.checkpointer and self.checkpointer.due_after_step(self.run.step, defer):
-            self._save(progress)
 
     def _end_epoch(self, epoch: int) -> None:
         self.updater.step_schedulers("epoch")

@@ -76,3 +76,21 @@ def test_the_readmes_script_runs_and_passes_verify_as_printed(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip().endswith("PASS: 2 workers computed what one process computes")
     assert not (REPO / "runs" / "train").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(300)
+def test_two_workers_then_one_from_their_checkpoint_passes(tmp_path: Path) -> None:
+    """An elastic job's world changing halfway: 2 workers for 3 steps, a checkpoint, then 1
+    worker resumes to step 6, and the whole equals one process (the global batch kept)."""
+    done = ddpkit_cli(
+        "verify", "examples/wine.py", "--workers", "2", "--then", "1", "--steps", "6",
+        "--out", str(tmp_path), "--batch-size", "48", "--batch-policy", "global",
+        "--checkpoint-dir", "runs/wine-then", timeout=280,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 workers then 1 from step 3 vs 1 process, 6 optimizer steps" in done.stdout
+    assert "ok    global batch    48 in both (24 per device)" in done.stdout
+    assert "PASS: 2 workers then 1 from step 3 computed what one process computes" in done.stdout
+    second = (tmp_path / "workers2-then1" / "second" / "output.log").read_text()
+    assert "world size 2 -> 1: global batch 48 kept (48 per device x 1 rank)" in second
+    assert "epoch_000001_step_000003.pt (epoch 1, step 3)" in second  # the first's last

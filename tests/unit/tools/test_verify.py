@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ddpkit.data.coverage import count_coverage, describe_coverage
 from ddpkit.data.loader import GlobalOrderSampler, reference_world_size
 from ddpkit.parallel.replicas import check_replicas, fingerprint
 from ddpkit.tools.verify.report import compare_states, explained, findings, likely_causes
+from ddpkit.tools.verify.runner import RunResult, VerifyConfig, _check_resizable
 
 
 def record(**overrides: object) -> dict[str, object]:
@@ -191,3 +193,27 @@ def test_recording_a_random_sampler_leaves_the_training_random_stream_alone(tmp_
     run = types.SimpleNamespace(loader=loader)  # what the hook reads of the run
     recorder.on_train_epoch_start(run, 1)  # RandomSampler draws its seed from torch's stream
     assert torch.equal(torch.rand(1), expected)
+
+
+def test_a_resize_whose_sampler_pads_differently_is_named_as_the_cause() -> None:
+    padding = '2 samples repeated so the 3 shards are equal (uneven="pad")'
+    run = record(resized={"world_size": 3, "padding": padding})
+    causes = likely_causes(run, record(world_size=1), [], None)
+    assert causes[0].startswith("the sampler of the 3 workers after the resize evens out")
+    assert padding in causes[0] and explained(causes)
+    same_padding = record(resized={"world_size": 1, "padding": None})
+    assert likely_causes(same_padding, record(), [], 0.0) == []
+
+
+def test_then_refuses_a_run_without_a_checkpoint_or_with_a_per_device_batch(
+    tmp_path: Path,
+) -> None:
+    config, folder = VerifyConfig("train.py", workers=2, then=3), tmp_path
+    per_device = RunResult(record(setup={"batch_policy": "per_device"}), {})
+    with pytest.raises(ddpkit.errors.DdpkitError, match="it wrote none: give the script's"):
+        _check_resizable(config, per_device, folder)
+    (folder / "run").mkdir()
+    (folder / "run" / "epoch_000001_step_000005.pt").write_bytes(b"")
+    with pytest.raises(ddpkit.errors.DdpkitError, match="batch_policy is 'per_device', so its"):
+        _check_resizable(config, per_device, folder)
+    _check_resizable(config, RunResult(record(setup={"batch_policy": "global"}), {}), folder)

@@ -58,6 +58,9 @@ def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="workers to compare with one process (default: 2)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=pick(DEFAULT_STEPS), metavar="K",
                         help=f"optimizer steps to compare (default: {DEFAULT_STEPS})")  # fmt: skip
+    parser.add_argument("--then", type=int, default=pick(None), metavar="M",
+                        help="resume the workers' run on M workers halfway, from its "
+                             "checkpoint (an elastic job's world changing)")  # fmt: skip
     parser.add_argument("--rtol", type=float, default=pick(None),
                         help="relative tolerance (default: 1e-4 fp32, 2e-2 bf16/fp16)")  # fmt: skip
     parser.add_argument("--atol", type=float, default=pick(None),
@@ -91,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
         script_args=tuple(unknown + script_args[cut + 1 :]),
         workers=merged["workers"],
         steps=merged["steps"],
+        then=merged["then"],
         rtol=merged["rtol"],
         atol=merged["atol"],
         check_every=merged["check_every"],
@@ -104,6 +108,8 @@ def _check_counts(values: dict[str, Any]) -> None:
         raise ConfigError(
             f"--workers must be at least 2 to compare with one process (got {values['workers']})"
         )
+    if values["then"] is not None and values["then"] < 1:
+        raise ConfigError(f"--then must be at least 1 worker (got {values['then']})")
     for flag in ("steps", "check_every"):
         if values[flag] < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {values[flag]})")

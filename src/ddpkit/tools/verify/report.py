@@ -165,6 +165,7 @@ def likely_causes(
         # ['per-rank randomness: ...']
     """
     causes = [
+        _resized_padding(run),
         _per_rank_rng(run),
         _not_data_parallel(run),
         _data_differs(run, ref),
@@ -177,6 +178,19 @@ def likely_causes(
         _nondeterministic(reruns_differ),
     ]
     return [cause for cause in causes if cause]
+
+
+def _resized_padding(run: Record) -> str | None:
+    resized = run.get("resized") or {}
+    if not resized.get("padding"):
+        return None
+    return (
+        f"the sampler of the {resized['world_size']} workers after the resize evens out its "
+        f"shards ({resized['padding']}), which the {run['world_size']} workers and the "
+        "single process do not: the epochs after it train on other samples. Resize to a "
+        "world size the dataset divides by, or drop the remainder in both "
+        '(prepare_loader(..., uneven="drop") with a dataset size both divide)'
+    )
 
 
 def explained(causes: list[str]) -> bool:

@@ -30,6 +30,7 @@ from ddpkit._core.protocol import (
     LOG_DIR_ENV,
     MAX_STEPS_ENV,
     REFERENCE_WORLD_ENV,
+    SAVE_AT_STEP_ENV,
     VERIFY_DIR_ENV,
     WORKER_SETUP_ENV,
 )
@@ -66,6 +67,7 @@ class VerifyConfig:
     script_args: tuple[str, ...] = ()
     workers: int = 2
     steps: int = DEFAULT_STEPS
+    then: int | None = None  # resume the workers' run on this many halfway
     rtol: float | None = None
     atol: float | None = None
     check_every: int = 1
@@ -92,9 +94,72 @@ def verify(config: VerifyConfig) -> tuple[bool, str]:
     check_script(config.script)
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as scratch:
         out = config.out or Path(scratch)
-        reference = run_side(config, out / "reference", workers=1)
-        workers = run_side(config, out / f"workers{config.workers}", workers=config.workers)
+        reference = run_side(config, out / "reference", workers=1, reference=True)
+        if config.then is None:
+            workers = run_side(config, out / f"workers{config.workers}", workers=config.workers)
+        else:
+            workers = run_resized(config, out)
         return judge(config, reference, workers, out)
+
+
+def run_resized(config: VerifyConfig, out: Path) -> RunResult:
+    """N workers for half the steps, checkpointing at the end; then M workers resume from
+    that checkpoint to the last step, as an elastic job does when its world changes. One
+    record of both, as if a single run: its start from the first, its end from the second.
+
+    Example::
+
+        run_resized(VerifyConfig("examples/wine.py", workers=2, then=3), Path("/tmp/v"))
+    """
+    assert config.then is not None
+    half, folder = max(1, config.steps // 2), out / f"workers{config.workers}-then{config.then}"
+    first = run_side(config, folder / "first", config.workers, steps=half, save_at=half)
+    _check_resizable(config, first, folder / "first" / "checkpoints")
+    second = run_side(config, folder / "second", config.then, checkpoints=folder / "first")
+    ends = {"initial": first.states["initial"], "final": second.states["final"]}
+    return RunResult(merge_records(first.record, second.record), ends)
+
+
+def merge_records(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One record of a run done in two parts (``first`` up to its checkpoint, then
+    ``second`` from it): the set-up and the start of the first, the steps of the second,
+    every sample and replica check of both.
+
+    Example:
+        >>> def part(steps, index):
+        ...     return {"steps": steps, "samples": {index: [1, 2]},
+        ...             "replicas": {"checked": [steps], "divergence": None}}
+        >>> merged = merge_records(part(5, "1"), part(10, "7"))
+        >>> merged["steps"], sorted(merged["samples"]), merged["replicas"]["checked"]
+        (10, ['1', '7'], [5, 10])
+    """
+    checked = first["replicas"]["checked"] + second["replicas"]["checked"]
+    divergence = first["replicas"]["divergence"] or second["replicas"]["divergence"]
+    padding = second.get("setup", {}).get("padding")
+    new_padding = padding if padding != first.get("setup", {}).get("padding") else None
+    samples = {**first["samples"], **second["samples"]}
+    resized = {"world_size": second.get("world_size"), "padding": new_padding}
+    return {**first, "steps": second["steps"], "samples": samples, "resized": resized,
+            "replicas": {"checked": checked, "divergence": divergence}}  # fmt: skip
+
+
+def _check_resizable(config: VerifyConfig, first: RunResult, checkpoints: Path) -> None:
+    """The first part left a checkpoint to resume, with a global batch the second keeps."""
+    if not any(checkpoints.rglob("epoch_*")):
+        raise DdpkitError(
+            f"verify --then {config.then} resumes the {config.workers}-worker run from its "
+            "checkpoint, and it wrote none: give the script's Trainer (or TrainLoop) a "
+            "checkpoint_dir (examples/wine.py: --checkpoint-dir DIR; verify keeps it in its "
+            "scratch folder)"
+        )
+    policy = first.record["setup"].get("batch_policy", "per_device")
+    if policy != "global" and config.then != config.workers:
+        raise DdpkitError(
+            f"verify --then {config.then}: the script's batch_policy is {policy!r}, so its "
+            f"global batch changes from {config.workers} to {config.then} workers and cannot "
+            "match one process; pass batch_policy='global' to prepare_loader (wine.py: "
+            "--batch-policy global)"
+        )
 
 
 def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tuple[bool, str]:
@@ -112,36 +177,50 @@ def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tu
     passed = all(check.ok for check in checks)
     causes = likely_causes(run.record, ref.record, initial, None) if not passed else []
     if not passed and not explained(causes):
-        again = run_side(config, out / "reference-again", workers=1)
+        again = run_side(config, out / "reference-again", workers=1, reference=True)
         rerun = compare_states(again.states["final"], ref.states["final"], 0.0, 0.0)
         causes = likely_causes(run.record, ref.record, initial, max(d.max_abs for d in rerun))
     return passed, _report(config, run, checks, final, causes, passed)
 
 
-def run_side(config: VerifyConfig, folder: Path, workers: int) -> RunResult:
-    """One side: the reference (``workers=1``) or the N workers; its record, or a clear error.
+def run_side(
+    config: VerifyConfig,
+    folder: Path,
+    workers: int,
+    *,
+    reference: bool = False,
+    steps: int | None = None,
+    save_at: int | None = None,
+    checkpoints: Path | None = None,
+) -> RunResult:
+    """One side: the single-process ``reference`` or ``workers`` workers; its record, or a
+    clear error.
+    ``steps`` (default: the config's), a checkpoint after step ``save_at``, and the folder
+    whose checkpoints it resumes from (default: its own, empty) serve ``--then``.
 
     Example::
 
-        run_side(config, Path("/tmp/v/reference"), workers=1).record["steps"]   # 10
+        run_side(config, Path("/tmp/v/reference"), 1, reference=True).record["steps"]   # 10
     """
     folder.mkdir(parents=True, exist_ok=True)
+    steps = steps or config.steps
     env = {
         VERIFY_DIR_ENV: str(folder.resolve()),
-        CHECKPOINT_DIR_ENV: str((folder / "checkpoints").resolve()),  # never the user's
+        CHECKPOINT_DIR_ENV: str(((checkpoints or folder) / "checkpoints").resolve()),
         LOG_DIR_ENV: str((folder / "logs").resolve()),  # nor the user's curves
-        MAX_STEPS_ENV: str(config.steps),
+        MAX_STEPS_ENV: str(steps),
         WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through a callback
+        **({SAVE_AT_STEP_ENV: str(save_at)} if save_at else {}),
     }
-    if workers == 1:  # one process standing in for the N workers
+    if reference:  # one process standing in for the N workers
         env[REFERENCE_WORLD_ENV] = str(config.workers)
         command = [sys.executable, "-m", "ddpkit.launch.worker", config.script]
         command += config.script_args
     else:
         env[CHECK_REPLICAS_ENV] = str(config.check_every)
         command = ddpkit_run_command(workers, config.script, list(config.script_args))
-    name = "the single-process reference" if workers == 1 else f"the {workers}-worker run"
-    command_logger("verify").info(f"running {name} ({config.steps} steps)...")
+    name = "the single-process reference" if reference else f"the {workers}-worker run"
+    command_logger("verify").info(f"running {name} ({steps} steps)...")
     outcome = run_command(command, env, config.timeout_s)
     (folder / "output.log").write_text(outcome.output)
     return _load(folder, outcome, name)
@@ -180,12 +259,12 @@ def _report(
     passed: bool,
 ) -> str:
     lines = [
-        f"ddpkit verify: {config.script}, {config.workers} workers vs 1 process, "
+        f"ddpkit verify: {config.script}, {_workers_text(config)} vs 1 process, "
         f"{config.steps} optimizer steps"
     ]
     lines += [f"  {'ok  ' if c.ok else 'FAIL'}  {c.name:<15} {c.text}" for c in checks]
     if passed:
-        lines.append(f"PASS: {config.workers} workers computed what one process computes")
+        lines.append(f"PASS: {_workers_text(config)} computed what one process computes")
         return "\n".join(lines)
     bad = [d for d in final if not d.ok]
     if bad:
@@ -198,3 +277,9 @@ def _report(
     if not causes:
         lines.append("  no known cause: rerun with --steps 1 to see whether it starts at once")
     return "\n".join(lines)
+
+
+def _workers_text(config: VerifyConfig) -> str:
+    if config.then is None:
+        return f"{config.workers} workers"
+    return f"{config.workers} workers then {config.then} from step {max(1, config.steps // 2)}"
