@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ddpkit.data.batches import to_device
     from ddpkit.data.gathering import gather_for_metrics
     from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
+    from ddpkit.data.samples import sample_generator
     from ddpkit.env.world import World
     from ddpkit.launch.launcher import spawn
     from ddpkit.parallel.strategy import prepare_model, unwrap_model
@@ -64,6 +65,7 @@ _LAZY = {
     "BatchPlan": "ddpkit.data.loader",
     "plan_batch": "ddpkit.data.loader",
     "prepare_loader": "ddpkit.data.loader",
+    "sample_generator": "ddpkit.data.samples",
     "World": "ddpkit.env.world",
     "spawn": "ddpkit.launch.launcher",
     "prepare_model": "ddpkit.parallel.strategy",
@@ -134,6 +136,7 @@ __all__ = [
     "prepare_model",
     "print0",
     "rank_zero_only",
+    "sample_generator",
     "seed_everything",
     "shutdown",
     "spawn",

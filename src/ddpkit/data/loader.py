@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDa
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import REFERENCE_WORLD_ENV
 from ddpkit._core.validate import check_choice, check_positive_int
+from ddpkit.data.samples import SampleIndex
 from ddpkit.data.stream import StreamLoader, rank_share
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.seeding import configured_seed, rank_seed
@@ -129,7 +130,9 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
     same way, so a run resumed on M ranks after N goes on with the samples not yet done, each
     once (the usual padding aside: ``drop_last=False`` repeats a few of the epoch's first
     samples so that the rest divides by M). From position 0, and resumed at the same world
-    size, it is DistributedSampler sample for sample; ``len()`` is the whole epoch's.
+    size, it is DistributedSampler sample for sample; ``len()`` is the whole epoch's. Each
+    index is a :class:`~ddpkit.data.samples.SampleIndex` (an int that knows its epoch and
+    seed, for :func:`~ddpkit.data.samples.sample_generator`).
 
     Example:
         >>> data = torch.utils.data.TensorDataset(torch.arange(6))
@@ -163,7 +166,7 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
     def __iter__(self) -> Iterator[Any]:
         return iter(self._dealt())
 
-    def _dealt(self) -> list[int]:
+    def _dealt(self) -> list[SampleIndex]:
         order = self._epoch_order()
         left = len(order) - self.start
         if left <= 0:
@@ -173,7 +176,7 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         else:  # padded from the epoch's head, as DistributedSampler pads
             padding = itertools.islice(itertools.cycle(order), -left % self.num_replicas)
             rest = order[self.start :] + list(padding)
-        return rest[self.rank :: self.num_replicas]
+        return [SampleIndex(i, self.epoch, self.seed) for i in rest[self.rank :: self.num_replicas]]
 
     def _epoch_order(self) -> list[int]:
         """DistributedSampler's order of the whole epoch, before padding."""
@@ -203,8 +206,8 @@ class GlobalOrderSampler(Sampler[int]):
     deterministic = True  # iterating it twice gives the same order (the sampler check)
 
     def __init__(self, dataset: Dataset[Any], num_replicas: int, rank: int = 0, **options: Any):
-        self.shards: list[DistributedSampler[Any]] = [
-            DistributedSampler(dataset, num_replicas=num_replicas, rank=r, **options)
+        self.shards: list[DistributedSampler[Any]] = [  # the ranks' own samplers, exactly
+            ResumableDistributedSampler(dataset, num_replicas=num_replicas, rank=r, **options)
             for r in range(num_replicas)
         ]
 
