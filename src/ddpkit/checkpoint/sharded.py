@@ -30,9 +30,10 @@ import pickle
 import shutil
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -41,7 +42,6 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -136,7 +136,8 @@ def start_sharded_save(
             _dcp_state(model, optimizers), checkpoint_id=staging, process_group=group
         )
 
-    upload = pending.upload_completion if isinstance(pending, AsyncSaveResponse) else pending
+    # Newer torch answers with an AsyncSaveResponse (staging, then upload); older a Future.
+    upload = cast(Future[Any], getattr(pending, "upload_completion", pending))
 
     def complete() -> Path:
         upload.result()  # every rank's shards and DCP's metadata are on disk
