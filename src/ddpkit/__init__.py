@@ -24,6 +24,7 @@ from ddpkit.errors import (
     CollectiveMismatchError,
     ConfigError,
     DdpkitError,
+    MainRankStalledError,
     NotInitializedError,
     RendezvousError,
     ReplicaDivergenceError,
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
         rank_zero_only,
     )
     from ddpkit.runtime.gather import all_gather
+    from ddpkit.runtime.mainfirst import main_first
     from ddpkit.runtime.seeding import seed_everything
     from ddpkit.runtime.session import current_world, init, shutdown
     from ddpkit.runtime.watchdog import watch
@@ -78,6 +80,7 @@ _LAZY = {
     "print0": "ddpkit.runtime.collectives",
     "rank_zero_only": "ddpkit.runtime.collectives",
     "all_gather": "ddpkit.runtime.gather",
+    "main_first": "ddpkit.runtime.mainfirst",
     "seed_everything": "ddpkit.runtime.seeding",
     "current_world": "ddpkit.runtime.session",
     "init": "ddpkit.runtime.session",
@@ -114,6 +117,7 @@ __all__ = [
     "ConfigError",
     "DdpkitError",
     "ExperimentLog",
+    "MainRankStalledError",
     "NotInitializedError",
     "RendezvousError",
     "ReplicaDivergenceError",
@@ -131,6 +135,7 @@ __all__ = [
     "get_rank",
     "init",
     "is_main",
+    "main_first",
     "plan_batch",
     "prepare_loader",
     "prepare_model",

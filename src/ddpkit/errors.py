@@ -152,6 +152,15 @@ class NonFiniteLossError(DdpkitError, FloatingPointError):
         )
 
 
+class MainRankStalledError(DdpkitError, RuntimeError):
+    """Rank 0 stopped beating, or failed, inside ``ddpkit.main_first()``: named with its line.
+
+    Example:
+        >>> str(MainRankStalledError("rank 0 stopped inside main_first() at train.py:12"))
+        'rank 0 stopped inside main_first() at train.py:12'
+    """
+
+
 class PreemptedError(DdpkitError):
     """The workers were asked to stop (SIGTERM / SIGUSR1), saved a checkpoint and exited.
 

@@ -51,6 +51,7 @@ _ALARM, _REPORTER, _REPORTED = "alarm", "reporter", "reported"
 _STDERR_FD = 2  # the process's own stderr, which the launcher captures; not pytest's proxy
 
 _active: Watchdog | None = None
+_job_store: Store | None = None  # the job's store, for other waits that watch a peer
 
 
 @dataclass(frozen=True)
@@ -251,11 +252,12 @@ def start_watchdog(
         >>> start_watchdog(0, rank=0, world_size=1, store=None) is None
         True
     """
-    global _active
+    global _active, _job_store
     stop_watchdog()
     timeout = resolve_hang_timeout(timeout_s)
     if timeout == 0:
         return None
+    _job_store = store
     _active = Watchdog(timeout, rank, world_size, _own_connection(store)).start()
     return _active
 
@@ -271,6 +273,22 @@ def stop_watchdog(finished: bool = False) -> None:
     if _active is not None:
         _active.stop(finished)
         _active = None
+
+
+def watched_connection(purpose: str) -> tuple[Store, float] | None:
+    """A connection of its own to the job's store, under a prefix for ``purpose`` and this
+    restart attempt, and the hang timeout: for a wait that must notice a peer that stopped
+    (``main_first``). None when the watchdog is off or there is no store (one process).
+
+    Example:
+        >>> watched_connection("main_first") is None    # no watchdog running
+        True
+    """
+    if _active is None or _job_store is None:
+        return None
+    connection = _own_connection(_job_store)
+    assert connection is not None
+    return PrefixStore(f"{purpose}/", connection), _active.timeout_s
 
 
 def current_watchdog() -> Watchdog | None:
