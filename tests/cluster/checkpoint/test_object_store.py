@@ -132,7 +132,7 @@ def test_a_two_worker_job_killed_with_sigkill_resumes_from_the_bucket_bit_identi
 ) -> None:
     """tests/scripts/async_saves.py (57 MB of state every 2 steps, written in the background)
     with its checkpoint_dir in the bucket: killed twice, then run to the end."""
-    env = {**os.environ, "ASYNC_SAVES_EPOCHS": "2"}
+    env = {**os.environ, "ASYNC_SAVES_EPOCHS": "1"}
 
     def start(folder: str, out: Path) -> subprocess.Popen[str]:
         command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2",

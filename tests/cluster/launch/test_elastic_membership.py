@@ -26,7 +26,7 @@ from helpers.netns import VirtualHost, virtual_hosts
 
 pytestmark = pytest.mark.cluster
 
-SAMPLES, GLOBAL_BATCH, EPOCHS = 960, 12, 4
+SAMPLES, GLOBAL_BATCH, EPOCHS = 960, 12, 3
 # A lost host is dropped after 3 missed 1 s beats (torch's default, 3 x 5 s, adds ~10 s; the
 # docs give both times: ELASTIC_RDZV_CONF=last_call_timeout=5 measures the default).
 RDZV_CONF = os.environ.get(
