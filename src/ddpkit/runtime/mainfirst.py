@@ -57,7 +57,7 @@ def main_first() -> Iterator[None]:
     store, timeout_s = connection
     key = str(next(_calls))
     if world.rank == 0:
-        with _beating(store, key, where):
+        with _beating(store, key, where, timeout_s):
             yield
     else:
         _wait_for_main(store, key, where, timeout_s)
@@ -65,12 +65,13 @@ def main_first() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _beating(store: Store, key: str, where: str) -> Iterator[None]:
-    """Rank 0 inside the block: a heartbeat every second; at the end, done or failed."""
-    stop = threading.Event()
+def _beating(store: Store, key: str, where: str, timeout_s: float = 600.0) -> Iterator[None]:
+    """Rank 0 inside the block: a heartbeat (every second, or a quarter of a short hang
+    timeout); at the end, done or failed."""
+    stop, every = threading.Event(), min(BEAT_S, timeout_s / 4)
 
     def beat() -> None:
-        while not stop.wait(BEAT_S):
+        while not stop.wait(every):
             store.add(f"{key}/beat", 1)
 
     store.add(f"{key}/beat", 1)
@@ -95,22 +96,22 @@ def _wait_for_main(store: Store, key: str, where: str, timeout_s: float) -> None
             beats, since = now_beats, time.monotonic()
         silent = time.monotonic() - since
         if silent > timeout_s:
-            _stalled(where, beats, silent, timeout_s)
-        time.sleep(_POLL_S)
+            _report(_silence(where, beats, silent, timeout_s))
+        time.sleep(min(_POLL_S, timeout_s / 4))
     if bytes(store.get(f"{key}/outcome")).decode() != "done":
-        _stalled(where, beats, 0.0, timeout_s)
+        _report(f"rank 0 failed inside main_first() at {where}; its error is in its output")
 
 
-def _stalled(where: str, beats: int, silent: float, timeout_s: float) -> NoReturn:
+def _silence(where: str, beats: int, silent: float, timeout_s: float) -> str:
     if beats <= 0:
-        text = (f"rank 0 did not reach main_first() at {where} within the hang timeout "
+        return (f"rank 0 did not reach main_first() at {where} within the hang timeout "
                 f"({timeout_s:g} s)")  # fmt: skip
-    elif silent:
-        text = (f"rank 0 stopped inside main_first() at {where}: no heartbeat for "
-                f"{silent:.0f} s (hang timeout {timeout_s:g} s); it died, was stopped, or "
-                "is frozen in native code; its own output says which")  # fmt: skip
-    else:
-        text = f"rank 0 failed inside main_first() at {where}; its error is above"
+    return (f"rank 0 stopped inside main_first() at {where}: no heartbeat for {silent:.0f} s "
+            f"(hang timeout {timeout_s:g} s); it died, was stopped, or is frozen in native "
+            "code; its own output says which")  # fmt: skip
+
+
+def _report(text: str) -> NoReturn:
     logger.error(f"ddpkit: {text}", extra=EVERY_RANK)  # now: the job's end comes later
     raise MainRankStalledError(text)
 
