@@ -269,10 +269,10 @@ def stop_watchdog(finished: bool = False) -> None:
     Example:
         >>> stop_watchdog()
     """
-    global _active
+    global _active, _job_store
     if _active is not None:
         _active.stop(finished)
-        _active = None
+        _active, _job_store = None, None
 
 
 def watched_connection(purpose: str) -> tuple[Store, float] | None:
