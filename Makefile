@@ -61,7 +61,7 @@ $(VENV)/.examples-installed: $(VENV)/.torch-installed pyproject.toml
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.torch-installed pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,mlflow,wandb]"
 	touch $@
 
 $(OLDEST_VENV)/.test-installed: pyproject.toml

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from ddpkit.runtime.watchdog import watch
     from ddpkit.train.explog import ExperimentLog
     from ddpkit.train.loop import TrainLoop
+    from ddpkit.train.trackers import MLflowLogger, Tracker, WandbLogger
     from ddpkit.train.trainer import Trainer
 
 __version__ = "0.1.0"
@@ -89,6 +90,9 @@ _LAZY = {
     "Callback": "ddpkit.runtime.callbacks",
     "ExperimentLog": "ddpkit.train.explog",
     "TrainLoop": "ddpkit.train.loop",
+    "MLflowLogger": "ddpkit.train.trackers",
+    "Tracker": "ddpkit.train.trackers",
+    "WandbLogger": "ddpkit.train.trackers",
     "Trainer": "ddpkit.train.trainer",
 }
 
@@ -117,12 +121,15 @@ __all__ = [
     "ConfigError",
     "DdpkitError",
     "ExperimentLog",
+    "MLflowLogger",
     "MainRankStalledError",
     "NotInitializedError",
     "RendezvousError",
     "ReplicaDivergenceError",
+    "Tracker",
     "TrainLoop",
     "Trainer",
+    "WandbLogger",
     "WorkerFailedError",
     "World",
     "__version__",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,9 +17,11 @@ SCRIPTS = REPO / "tests" / "scripts"  # small scripts the tests launch
 
 
 def metric_lines(log: str) -> list[str]:
-    """Per-epoch and final metric lines of examples/wine.py, without the timings."""
+    """Per-epoch and final metric lines of examples/wine.py, without the timings (and
+    without the merged console's ``[rank0]``: other launchers print none)."""
     keep = ("epoch ", "test accuracy")
-    return [line.split("(")[0].strip() for line in log.splitlines() if line.startswith(keep)]
+    lines = [re.sub(r"^\[ranks? [\d,-]+\] |^\[rank\d+\] ", "", line) for line in log.splitlines()]
+    return [line.split("(")[0].strip() for line in lines if line.startswith(keep)]
 
 
 def ddpkit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

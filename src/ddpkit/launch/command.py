@@ -70,6 +70,20 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "what it is doing and the job exits with code 124 (default 600; 0: off)",
     )
     ours.add_argument(
+        "--no-merge-output",
+        dest="merge_output",
+        action="store_false",
+        help="print each worker's lines as they come, unprefixed, instead of merging the "
+        "lines several ranks print alike into one '[ranks 0-3] ...' line",
+    )
+    ours.add_argument(
+        "--merge-window",
+        type=_seconds,
+        default=0.5,
+        metavar="S",
+        help="how long a line waits for the same line from other ranks (default 0.5 s)",
+    )
+    ours.add_argument(
         "--debug-collectives",
         action="store_true",
         help="check before each collective that all ranks call the same one with the same "
@@ -127,6 +141,8 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         monitor_interval=float(args.monitor_interval),
         start_method=args.start_method,
         role=args.role,
+        merge_output=args.merge_output,
+        merge_window=args.merge_window,
         **rendezvous,
         **log_options(args),
     )

@@ -53,6 +53,7 @@ from ddpkit.errors import (
     RendezvousError,
     StoppedBySignalError,
 )
+from ddpkit.launch.console import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.failures import diagnose, recorded
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
@@ -123,9 +124,9 @@ def run_script(
     command, args = program.entrypoint()
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
-    env = {**defaults, **_quiet_workers(plan), **(worker_env or {})}
-    with _launch_scope(env, plan.log_dir) as log_dir:
-        config = to_launch_config(plan, log_dir)
+    env = {**defaults, **_quiet_workers(plan), **_unbuffered(plan), **(worker_env or {})}
+    with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
+        config = to_launch_config(plan, log_dir, specs)
         try:
             elastic_launch(config, command)(*args)
         except (ChildFailedError, SignalException) as err:
@@ -154,6 +155,24 @@ def store_failure(plan: LaunchPlan, err: DistNetworkError) -> RendezvousError:
         f"another port (--master ADDR:PORT or --master-port) or stop "
         + (f"pid {pid}" if pid is not None else "the process holding it")
     )
+
+
+@contextlib.contextmanager
+def _console(plan: LaunchPlan, log_dir: str) -> Iterator[MergedLogsSpecs | None]:
+    """The merged console of ``plan`` around a launch (None: output goes as torchrun's flags
+    say); whatever the workers printed is out before the launch's outcome is reported."""
+    if not plan.merges_output:
+        yield None
+        return
+    with MergedConsole(plan.merge_window, plan.nproc) as console:
+        yield MergedLogsSpecs(log_dir, console)
+
+
+def _unbuffered(plan: LaunchPlan) -> dict[str, str]:
+    # Written to a file, a Python worker's stdout is block-buffered: its lines would reach
+    # the merged console in bursts, out of step with the other ranks'.
+    wanted = plan.merges_output and "PYTHONUNBUFFERED" not in os.environ
+    return {"PYTHONUNBUFFERED": "1"} if wanted else {}
 
 
 def _quiet_workers(plan: LaunchPlan) -> dict[str, str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit._core.text import parse_endpoint
@@ -60,6 +61,8 @@ class LaunchPlan:
     redirects: str = "0"  # torchrun's Std values: 0 none, 1 stdout, 2 stderr, 3 both
     tee: str = "0"
     local_ranks_filter: tuple[int, ...] = ()
+    merge_output: bool = True  # ddpkit run: lines printed alike by several ranks, once
+    merge_window: float = 0.5  # seconds a line waits for the same line of other ranks
 
     def __post_init__(self) -> None:
         check_nproc(self.nproc)
@@ -77,6 +80,14 @@ class LaunchPlan:
         if self.master:
             return "static"
         return "dynamic" if self.rdzv_endpoint else "local"
+
+    @property
+    def merges_output(self) -> bool:
+        """Whether ``ddpkit run`` merges the workers' lines: on, unless turned off or the
+        torchrun flags that choose where output goes (--redirects, --tee, --local-ranks-filter)
+        are given."""
+        chosen = self.redirects != "0" or self.tee != "0" or bool(self.local_ranks_filter)
+        return self.merge_output and not chosen
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -158,8 +169,11 @@ def plan_from_slurm(plan: LaunchPlan, job: SlurmNodes) -> LaunchPlan:
     return replace(plan, nnodes=str(job.nnodes), node_rank=job.node_rank, master=master)
 
 
-def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
-    """torch's LaunchConfig for ``plan``; ``log_dir`` receives the workers' error files.
+def to_launch_config(
+    plan: LaunchPlan, log_dir: str, logs_specs: LogsSpecs | None = None
+) -> LaunchConfig:
+    """torch's LaunchConfig for ``plan``; ``log_dir`` receives the workers' error files
+    (and their output, by ``logs_specs``: default, as torchrun's flags say).
 
     Example:
         >>> to_launch_config(LaunchPlan(nproc=2), "/tmp").rdzv_backend
@@ -168,7 +182,8 @@ def to_launch_config(plan: LaunchPlan, log_dir: str) -> LaunchConfig:
     low, high = plan.node_range
     backend, endpoint, configs = _rendezvous(plan)
     return LaunchConfig(
-        logs_specs=DefaultLogsSpecs(
+        logs_specs=logs_specs
+        or DefaultLogsSpecs(
             log_dir=log_dir,
             redirects=_std(plan.redirects, "--redirects"),
             tee=_std(plan.tee, "--tee"),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import csv
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
+from ddpkit.train.trackers import Tracker, tracker_from
 
 CSV_NAME = "metrics.csv"
 _COLUMNS = ["step", "tag", "value", "wall_time"]
@@ -60,10 +61,11 @@ class ExperimentLog:
         self._writer: Any = None
         self._file: Any = None
         self._at: tuple[int, set[str]] = (-1, set())  # the step last logged, and its tags
+        self.kept: list[list[str]] = []  # an earlier run's rows up to resume_step
         if not is_main():
             return
         self.folder.mkdir(parents=True, exist_ok=True)
-        self._file = _csv_continued(self.csv_path, resume_step)
+        self._file, self.kept = _csv_continued(self.csv_path, resume_step)
         self._rows = csv.writer(self._file)
         self._writer = _tensorboard_writer(self.folder, resume_step) if tensorboard else None
 
@@ -101,8 +103,9 @@ class ExperimentLog:
         self._writer = self._file = None
 
 
-def _csv_continued(path: Path, resume_step: int) -> Any:
-    """The CSV (its header and rows of steps up to ``resume_step`` kept), open for more."""
+def _csv_continued(path: Path, resume_step: int) -> tuple[Any, list[list[str]]]:
+    """The CSV (its header and rows of steps up to ``resume_step`` kept), open for more,
+    and the rows kept."""
     kept: list[list[str]] = []
     if path.exists():
         with path.open(newline="") as old:
@@ -110,7 +113,7 @@ def _csv_continued(path: Path, resume_step: int) -> Any:
         kept = [row for row in kept if int(row[0]) <= resume_step]
     file = path.open("w", newline="")
     csv.writer(file).writerows([_COLUMNS, *kept])
-    return file
+    return file, kept
 
 
 def _tensorboard_writer(folder: Path, resume_step: int) -> Any:
@@ -127,56 +130,103 @@ def _tensorboard_writer(folder: Path, resume_step: int) -> Any:
 
 
 class ExperimentLogCallback(Callback):
-    """What a run logs, and when: the built-in callback of ``log_dir=...``.
+    """What a run logs, and when: the built-in callback of ``log_dir=...`` and
+    ``loggers=[...]`` (rank 0 writes; one tracker run per job, its id in each checkpoint).
 
     Example:
-        >>> ExperimentLogCallback("runs/x/logs").rank_zero_only
+        >>> ExperimentLogCallback("runs/x/logs", loggers=["mlflow"]).rank_zero_only
         True
     """
 
-    def __init__(self, log_dir: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, log_dir: str | os.PathLike[str] | None = None, loggers: Sequence[Any] = ()
+    ) -> None:
         self.log_dir = log_dir
-        self.log: ExperimentLog | None = None
+        self.trackers: list[Tracker] = [tracker_from(spec) for spec in loggers]
+        self.files: ExperimentLog | None = None
+        self._open = False
+        self._run_ids: dict[str, str] = {}  # tracker name -> run id, from a checkpoint
         self._step, self._since, self._samples = 0, time.perf_counter(), 0
 
-    def opened(self, step: int) -> ExperimentLog:
-        """The run's log, opened at ``step`` if it is not yet (a point logged early)."""
-        if self.log is None:
-            folder = resolve_log_dir(self.log_dir)
-            if folder != Path(self.log_dir):
-                logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
-            self.log = ExperimentLog(folder, resume_step=step)
-        return self.log
+    def opened(self, step: int) -> ExperimentLogCallback:
+        """The run's logs, opened at ``step`` if they are not yet (a point logged early)."""
+        if not self._open and is_main():
+            self._open = True
+            self.files = self._files(step) if self.log_dir is not None else None
+            earlier = self.files.kept if self.files is not None else []
+            for tracker in self.trackers:
+                tracker.start(self._run_ids.get(tracker.name), step)
+                tracker.fill_in(earlier)
+        return self
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """One point per metric at ``step`` in every log of the run (rank 0)."""
+        if self.files is not None:
+            self.files.log(metrics, step)
+        for tracker in self.trackers if self._open else ():
+            tracker.log(metrics, step)
+
+    def _files(self, step: int) -> ExperimentLog:
+        assert self.log_dir is not None
+        folder = resolve_log_dir(self.log_dir)
+        if folder != Path(self.log_dir):
+            logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
+        return ExperimentLog(folder, resume_step=step)
+
+    def on_load_checkpoint(self, trainer: Any, state: Mapping[str, Any]) -> None:
+        self._run_ids.update(state.get("trackers", {}))
 
     def on_fit_start(self, trainer: Any) -> None:
         self.opened(trainer.step)
         self._step, self._since, self._samples = trainer.step, time.perf_counter(), 0
+        setup = trainer.setup.record() if trainer.setup is not None else {}
+        facts = {f"ddpkit/{name}": value for name, value in setup.items()}
+        for tracker in self.trackers if self._open else ():
+            tracker.log_params({**tracker.params, **facts}, trainer.step)
 
     def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:
         self._samples += batch_size_of(batch) or 0
-        if trainer.step == self._step or self.log is None:  # within an accumulation group
+        if trainer.step == self._step or not self._open:  # within an accumulation group
             return
         now = time.perf_counter()
         points = {f"train/{name}": value for name, value in metrics.items()}
         points.update(_learning_rates(trainer.optimizers))
         samples = self._samples * trainer.world.world_size
         points["train/samples_per_s"] = samples / max(now - self._since, 1e-9)
-        self.log.log(points, trainer.step)
+        self.log(points, trainer.step)
         self._step, self._since, self._samples = trainer.step, now, 0
 
     def on_train_epoch_end(self, trainer: Any, metrics: Mapping[str, Any]) -> None:
-        if self.log is not None:
-            numbers = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
-            self.log.log(numbers, trainer.step)
+        numbers = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
+        self.log(numbers, trainer.step)
 
-    def on_save_checkpoint(self, trainer: Any, state: Any) -> None:
-        if self.log is not None:
-            self.log.flush()
+    def on_save_checkpoint(self, trainer: Any, state: dict[str, Any]) -> None:
+        # Everything up to this step reaches the logs before the checkpoint exists.
+        if self.files is not None:
+            self.files.flush()
+        for tracker in self.trackers if self._open else ():
+            tracker.flush()
+        state["trackers"] = {t.name: t.run_id for t in self.trackers if t.run_id is not None}
 
     def on_fit_end(self, trainer: Any) -> None:
-        if self.log is not None:
-            self.log.close()
-        self.log = None  # a next run opens it again, continuing from its step
+        if self.files is not None:
+            self.files.close()
+        for tracker in self.trackers if self._open else ():
+            tracker.close()
+            self._run_ids[tracker.name] = str(tracker.run_id)
+        self.files, self._open = None, False  # a next run opens them again, from its step
+
+
+def experiment_logs(
+    log_dir: str | os.PathLike[str] | None, loggers: Sequence[Any]
+) -> ExperimentLogCallback | None:
+    """The logs callback of ``log_dir=`` and ``loggers=``, or None when neither is given.
+
+    Example:
+        >>> experiment_logs(None, []) is None
+        True
+    """
+    return ExperimentLogCallback(log_dir, loggers) if log_dir is not None or loggers else None
 
 
 def _learning_rates(optimizers: Mapping[str, Any]) -> dict[str, float]:

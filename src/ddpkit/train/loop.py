@@ -63,7 +63,7 @@ from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer
 from ddpkit.train.console import Console, RunSetup
 from ddpkit.train.events import Events
-from ddpkit.train.explog import ExperimentLogCallback
+from ddpkit.train.explog import experiment_logs
 from ddpkit.train.guard import StepGuard, join_unless, uneven_shares
 from ddpkit.train.monitor import StepMonitor, backward_label
 from ddpkit.train.options import (
@@ -110,13 +110,14 @@ class TrainLoop:
         check_replicas_every: int | None = None,
         log_every: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
+        loggers: Sequence[Any] = (),
         callbacks: Sequence[Callback] = (),
     ) -> None:
         saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
                                    async_save)  # fmt: skip
         options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
                               check_replicas_every)  # fmt: skip
-        logging = LogOptions(log_every, log_dir)
+        logging = LogOptions(log_every, log_dir, loggers)
         self._assemble(RunState.from_dict(state), saving, options, logging, callbacks)
 
     @classmethod
@@ -141,7 +142,7 @@ class TrainLoop:
         self.guard = StepGuard(options.nonfinite_loss, exchange_stops=saving.enabled)
         self.updater = Updater(run, self.precision, self.guard, options)
         self.checkpointer = Checkpointer(saving) if saving.enabled else None
-        self.explog = ExperimentLogCallback(logging.log_dir) if logging.log_dir else None
+        self.explog = experiment_logs(logging.log_dir, logging.loggers)
         self.events = Events(callbacks, [BenchReport(), *([self.explog] if self.explog else [])])
         self.events.owner = self  # what every hook receives: the Trainer points it at itself
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
@@ -256,14 +257,14 @@ class TrainLoop:
 
     def log(self, metrics: Mapping[str, Any]) -> None:
         """Log ``metrics`` (numbers or one-element tensors) at the current step to the
-        experiment log of ``log_dir`` (rank 0; a resumed run continues the curves).
+        logs of ``log_dir`` and ``loggers`` (rank 0; a resumed run continues the curves).
 
         Example::
 
             loop.log({"train/grad_norm": norm})
         """
         if self.explog is None:
-            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=...) to write to")
+            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=... or loggers=[...])")
         log = self.explog.opened(self.run.step)  # before the first batch too
         log.log(metrics, self.run.step + int(self.updater.stepped))  # a step taken counts
 

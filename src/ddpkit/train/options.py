@@ -11,8 +11,9 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
@@ -90,8 +91,9 @@ class LoopOptions:
 
 @dataclass(frozen=True)
 class LogOptions:
-    """What the run shows: a line every ``log_every`` optimizer steps on rank 0, and the
-    experiment log (TensorBoard + CSV) in ``log_dir``.
+    """What the run shows: a line every ``log_every`` optimizer steps on rank 0, the
+    experiment log (TensorBoard + CSV) in ``log_dir``, and the trackers of ``loggers``
+    ("mlflow", "wandb" or :class:`~ddpkit.train.trackers.Tracker` objects).
 
     Example:
         >>> LogOptions(log_every=0)
@@ -102,7 +104,10 @@ class LogOptions:
 
     log_every: int | None = None
     log_dir: str | os.PathLike[str] | None = None
+    loggers: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
         if self.log_every is not None:
             check_positive_int("log_every", self.log_every)
+        if isinstance(self.loggers, str):  # loggers="mlflow" would be six trackers
+            raise ConfigError(f"loggers must be a list, like [{self.loggers!r}]")

@@ -99,6 +99,7 @@ class Trainer:
         check_replicas_every: int | None = None,
         log_every: int | None = None,
         log_dir: str | os.PathLike[str] | None = None,
+        loggers: Sequence[Any] = (),
     ) -> None:
         self.loss_fn = loss_fn
         self.manual_optimization = manual_optimization
@@ -108,7 +109,7 @@ class Trainer:
         saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
                                    async_save)  # fmt: skip
         run = RunState(model, optimizer, scheduler, state)
-        logging = LogOptions(log_every, log_dir)
+        logging = LogOptions(log_every, log_dir, loggers)
         self.loop = TrainLoop.from_options(run, saving, options, logging, callbacks)
         self.loop.events.owner = self  # callbacks receive the Trainer
         self.model, self.models, self.world = run.model, run.models, self.loop.world

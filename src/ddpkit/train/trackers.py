@@ -1,0 +1,326 @@
+"""Experiment trackers beside TensorBoard and the CSV: MLflow and Weights & Biases.
+
+``Trainer(..., loggers=["mlflow", "wandb"])`` (or configured objects:
+``loggers=[MLflowLogger(experiment="wine", params=vars(args))]``) logs what ``log_dir``
+logs, the same points at the same steps, to one tracker run per job:
+
+- rank 0 alone talks to the tracker; the other ranks never import it;
+- the run's id is kept in every checkpoint, so a resumed job, even requeued on other hosts,
+  continues the same run;
+- the points a killed job sent after its last checkpoint are already in the run, and the
+  tracker cannot take them back: the resumed job asks the tracker which steps it holds per
+  metric and skips those, so every step is there once (MLflow: the tracking server; W&B
+  offline: the run's local files; W&B online: the run's step counter);
+- points a tracker lost with a killed process (W&B offline keeps them in memory until the
+  run finishes) are sent again from ``log_dir``'s CSV, flushed at every checkpoint: with
+  ``log_dir`` set, the run holds every step up to the checkpoint resumed from;
+- hyperparameters (``params=``) and the start-up facts (``ddpkit/world_size``,
+  ``ddpkit/global_batch``, ``ddpkit/strategy``, ``ddpkit/precision``, ...) are logged once;
+  a resumed job whose facts changed (another world size) records the new value under
+  ``ddpkit/<fact>@step<N>``;
+- points are sent in batches, every ``flush_every_s`` seconds and at each checkpoint, so a
+  slow tracker does not slow the steps; a tracker that fails mid-run is warned about and its
+  points kept for the next try; one that cannot be reached at the start is an error.
+
+Example:
+    >>> MLflowLogger(experiment="wine").name
+    'mlflow'
+    >>> tracker_from("wandb").name
+    'wandb'
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ddpkit._core.log import logger
+from ddpkit.errors import ConfigError
+from ddpkit.train.wandbfiles import logged_steps
+
+Point = tuple[str, float, int, float]  # tag, value, step, wall time (s)
+
+
+class Tracker:
+    """What every tracker logger shares: skipping the steps the run already holds, batching,
+    the facts and hyperparameters once. Subclasses open, send and finish.
+
+    Example:
+        >>> class Printing(Tracker):
+        ...     name = "print"
+        ...     def _open(self, run_id): return run_id or "run-1", {"train/loss": 3}
+        ...     def _send(self, points): print([(tag, step) for tag, _, step, _ in points])
+        >>> tracker = Printing()
+        >>> tracker.start("run-1", step=2)
+        ddpkit: print: continuing run run-1 at step 2 (it holds points up to step 3; ...)
+        >>> tracker.log({"train/loss": 0.5}, step=3); tracker.log({"train/loss": 0.4}, step=4)
+        >>> tracker.flush()
+        [('train/loss', 4)]
+    """
+
+    name: ClassVar[str] = "tracker"
+
+    def __init__(self, params: Mapping[str, Any] | None = None, flush_every_s: float = 5.0):
+        self.params = dict(params or {})
+        self.flush_every_s = flush_every_s
+        self.run_id: str | None = None
+        self._held: dict[str, int] = {}  # per metric: the highest step the run already holds
+        self._floor = -1  # the highest step it holds for every metric (W&B online)
+        self._pending: list[Point] = []
+        self._sent_at = time.monotonic()
+
+    def start(self, run_id: str | None, step: int) -> None:
+        """Open the run; ``run_id`` (from a checkpoint): continue that run from ``step``."""
+        self.run_id, self._held = self._open(run_id)
+        if run_id is not None:
+            kept = max([*self._held.values(), self._floor, 0])
+            said = f"it holds points up to step {kept}; those are not sent again"
+            logger.info(f"{self.name}: continuing run {run_id} at step {step} ({said})")
+
+    def log_params(self, params: Mapping[str, Any], step: int) -> None:
+        """Log the parameters the run lacks; one whose value changed (a resumed job on
+        another world size) under ``<key>@step<step>``: a tracker's parameters are fixed."""
+        self._log_params({k: _text(v) for k, v in params.items() if v is not None}, step)
+
+    def fill_in(self, rows: Sequence[Sequence[str]]) -> None:
+        """Send the points of ``log_dir``'s CSV (``step,tag,value,wall_time`` rows up to the
+        checkpoint resumed from) that the run lacks: a tracker that lost a killed process's
+        last points (W&B offline writes its file only when the run finishes) gets them."""
+        for step, tag, value, at in sorted(rows, key=lambda row: int(row[0])):
+            if int(step) > max(self._held.get(tag, -1), self._floor):
+                self._pending.append((tag, float(value), int(step), float(at)))
+        if self._pending:
+            logger.info(f"{self.name}: {len(self._pending)} earlier points it lacked sent "
+                        "again from the log_dir's CSV")  # fmt: skip
+            self.flush()
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Queue one point per metric at ``step``; sent within ``flush_every_s`` seconds."""
+        now = time.time()
+        for tag, value in metrics.items():
+            if step > max(self._held.get(tag, -1), self._floor):
+                self._pending.append((tag, _number(value), step, now))
+        if time.monotonic() - self._sent_at >= self.flush_every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Send the queued points (at each checkpoint and at the end)."""
+        self._sent_at = time.monotonic()
+        if not self._pending:
+            return
+        try:
+            self._send(self._pending)
+        except Exception as err:  # a tracker's hiccup must not stop training
+            logger.warning(f"{self.name}: {len(self._pending)} points not sent ({err}); "
+                           "they are kept and sent at the next try")  # fmt: skip
+            return
+        self._pending = []
+
+    def close(self, failed: bool = False) -> None:
+        """Send what is queued and mark the run finished (or failed)."""
+        self.flush()
+        self._finish(failed)
+
+    def _open(self, run_id: str | None) -> tuple[str, dict[str, int]]:
+        """The run's id, and per metric the highest step it holds (empty for a new run)."""
+        raise NotImplementedError
+
+    def _send(self, points: Sequence[Point]) -> None:
+        raise NotImplementedError
+
+    def _log_params(self, params: Mapping[str, str], step: int) -> None:
+        """Log the parameters the run lacks; a changed one under ``<key>@step<step>``."""
+
+    def _finish(self, failed: bool) -> None:
+        """Mark the run ended."""
+
+
+class MLflowLogger(Tracker):
+    """An MLflow run per job on ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``, else
+    ``./mlruns``), in ``experiment`` (default: ``MLFLOW_EXPERIMENT_NAME``, else "ddpkit").
+    Needs ``pip install "ddpkit[mlflow]"``.
+
+    Example::
+
+        Trainer(model, opt, loggers=[MLflowLogger("http://mlflow:5000", "wine",
+                                                  params=vars(args))])
+    """
+
+    name = "mlflow"
+
+    def __init__(
+        self,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        run_name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        flush_every_s: float = 5.0,
+    ) -> None:
+        super().__init__(params, flush_every_s)
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        self.experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "ddpkit"
+        self.run_name = run_name
+        self._client: Any = None
+
+    def _open(self, run_id: str | None) -> tuple[str, dict[str, int]]:
+        client = self._client = _mlflow_client(self.tracking_uri)
+        if run_id is None:
+            found = client.get_experiment_by_name(self.experiment)
+            experiment = found.experiment_id if found else client.create_experiment(self.experiment)
+            return client.create_run(experiment, run_name=self.run_name).info.run_id, {}
+        client.update_run(run_id, status="RUNNING")
+        held = {}
+        for key in client.get_run(run_id).data.metrics:
+            held[key] = max(point.step for point in client.get_metric_history(run_id, key))
+        return run_id, held
+
+    def _send(self, points: Sequence[Point]) -> None:
+        from mlflow.entities import Metric
+
+        metrics = [Metric(tag, value, int(at * 1000), step) for tag, value, step, at in points]
+        for first in range(0, len(metrics), 1000):  # MLflow's limit per batch
+            self._client.log_batch(self.run_id, metrics=metrics[first : first + 1000])
+
+    def _log_params(self, params: Mapping[str, str], step: int) -> None:
+        from mlflow.entities import Param
+
+        assert self.run_id is not None
+        held = self._client.get_run(self.run_id).data.params
+        new = [Param(k, v) for k, v in params.items() if k not in held]
+        for first in range(0, len(new), 100):  # MLflow's limit per batch
+            self._client.log_batch(self.run_id, params=new[first : first + 100])
+        for key, value in params.items():
+            if key in held and held[key] != value:  # a parameter cannot change: a tag says it
+                self._client.set_tag(self.run_id, f"{key}@step{step}", value)
+
+    def _finish(self, failed: bool) -> None:
+        self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
+
+
+class WandbLogger(Tracker):
+    """A Weights & Biases run per job in ``project`` (default: ``WANDB_PROJECT``, else
+    "ddpkit"); ``mode`` "online", "offline" (sync later with ``wandb sync``) or None
+    (``WANDB_MODE``); files under ``dir`` (default: ``WANDB_DIR``, else the working
+    directory). Needs ``pip install "ddpkit[wandb]"``.
+
+    Example::
+
+        Trainer(model, opt, loggers=[WandbLogger(project="wine", mode="offline")])
+    """
+
+    name = "wandb"
+
+    def __init__(
+        self,
+        project: str | None = None,
+        mode: str | None = None,
+        dir: str | os.PathLike[str] | None = None,
+        run_name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        flush_every_s: float = 5.0,
+    ) -> None:
+        super().__init__(params, flush_every_s)
+        self.project = project or os.environ.get("WANDB_PROJECT") or "ddpkit"
+        self.mode, self.dir, self.run_name = mode, dir, run_name
+        self._run: Any = None
+
+    def _open(self, run_id: str | None) -> tuple[str, dict[str, int]]:
+        wandb = _imported("wandb", "wandb")
+        if self.dir is not None:
+            Path(self.dir).mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(
+            project=self.project, mode=self.mode, dir=self.dir, name=self.run_name,
+            id=run_id, resume="allow" if run_id else None,
+            settings=wandb.Settings(silent=True),
+        )  # fmt: skip
+        if run_id is None:
+            return str(self._run.id), {}
+        return str(self._run.id), self._held_by(run_id)
+
+    def _held_by(self, run_id: str) -> dict[str, int]:
+        if self._run.offline:  # no server to ask: the earlier processes' files say it
+            return logged_steps(Path(self._run.dir).parent.parent, run_id)
+        self._floor = int(getattr(self._run, "starting_step", 0)) - 1  # W&B's one counter
+        return {}
+
+    def _send(self, points: Sequence[Point]) -> None:
+        rows: dict[int, dict[str, float]] = {}
+        for tag, value, step, _ in points:
+            rows.setdefault(step, {})[tag] = value
+        for step in sorted(rows):
+            self._run.log(rows[step], step=step)
+
+    def _log_params(self, params: Mapping[str, str], step: int) -> None:
+        held = dict(self._run.config)
+        self._run.config.update({k: v for k, v in params.items() if k not in held})
+        changed = {f"{k}@step{step}": v for k, v in params.items() if k in held and held[k] != v}
+        self._run.config.update(changed)
+
+    def _finish(self, failed: bool) -> None:
+        self._run.finish(exit_code=1 if failed else 0)
+
+
+TRACKERS: dict[str, type[Tracker]] = {"mlflow": MLflowLogger, "wandb": WandbLogger}
+
+
+def tracker_from(spec: str | Tracker) -> Tracker:
+    """A tracker logger from ``loggers=[...]``: an object as it is, or a name.
+
+    Example:
+        >>> tracker_from("comet")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: loggers: unknown tracker 'comet'; known: mlflow, wandb ...
+    """
+    if isinstance(spec, Tracker):
+        return spec
+    if spec not in TRACKERS:
+        raise ConfigError(
+            f"loggers: unknown tracker {spec!r}; known: {', '.join(TRACKERS)} (TensorBoard "
+            "and the CSV are log_dir=...; or pass a Tracker object)"
+        )
+    return TRACKERS[spec]()
+
+
+def _mlflow_client(uri: str | None) -> Any:
+    mlflow = _imported("mlflow", "mlflow")
+    if uri and uri.startswith(("http://", "https://")):
+        _check_reachable(uri)
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def _check_reachable(uri: str) -> None:
+    """Fail in seconds, naming the server, instead of MLflow's minutes of retries."""
+    import requests
+
+    try:
+        requests.get(uri.rstrip("/") + "/health", timeout=10)
+    except requests.RequestException as err:
+        raise ConfigError(
+            f"the MLflow tracking server {uri} did not answer ({type(err).__name__}); start "
+            "it, or set MLFLOW_TRACKING_URI / MLflowLogger(tracking_uri=...) to one that runs"
+        ) from None
+
+
+def _imported(module: str, extra: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f'loggers: the {module} tracker needs its package: pip install "ddpkit[{extra}]"'
+        ) from None
+
+
+def _number(value: Any) -> float:
+    return float(value.detach() if hasattr(value, "detach") else value)
+
+
+def _text(value: Any) -> str:
+    text = str(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return text[:500]  # trackers cap a parameter's length
