@@ -68,12 +68,25 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
     parser.add_argument("--log-dir", default=None, help="TensorBoard event files and a CSV")
+    parser.add_argument(
+        "--loggers",
+        nargs="*",
+        choices=["mlflow", "wandb"],
+        default=[],
+        help="experiment trackers too (MLFLOW_TRACKING_URI, WANDB_MODE, ... configure them)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args()
 
 
 def hook_option(args: argparse.Namespace) -> dict[str, str]:
     return {"comm_hook": args.comm_hook} if args.comm_hook else {}
+
+
+def trackers(args: argparse.Namespace) -> list[ddpkit.Tracker]:
+    """One run per job in each tracker asked for, with this command line's settings."""
+    kinds = {"mlflow": ddpkit.MLflowLogger, "wandb": ddpkit.WandbLogger}
+    return [kinds[name](params=vars(args)) for name in args.loggers]
 
 
 def main() -> None:
@@ -101,6 +114,7 @@ def main() -> None:
         accumulate=args.accumulate,
         precision=args.precision,
         log_dir=args.log_dir,
+        loggers=trackers(args),
     )
     train = ddpkit.prepare_loader(train_set, plan, shuffle=True)
     test = ddpkit.prepare_loader(test_set, plan, shuffle=False)

@@ -20,8 +20,22 @@ def metric_lines(log: str) -> list[str]:
     """Per-epoch and final metric lines of examples/wine.py, without the timings (and
     without the merged console's ``[rank0]``: other launchers print none)."""
     keep = ("epoch ", "test accuracy")
-    lines = [re.sub(r"^\[ranks? [\d,-]+\] |^\[rank\d+\] ", "", line) for line in log.splitlines()]
-    return [line.split("(")[0].strip() for line in lines if line.startswith(keep)]
+    return [line.split("(")[0].strip() for line in worker_lines(log) if line.startswith(keep)]
+
+
+def worker_lines(log: str) -> list[str]:
+    """The lines as the workers printed them, from ``ddpkit run``'s merged console: a
+    ``[ranks 0-1] X`` line is X once per rank, ``[rank1] X`` is X; other lines as they are."""
+    lines = []
+    for line in log.splitlines():
+        found = re.match(r"\[ranks? ?([\d,-]+)\] (.*)", line)
+        lines += [found[2]] * _rank_count(found[1]) if found else [line]
+    return lines
+
+
+def _rank_count(ranks: str) -> int:
+    spans = [part.split("-") for part in ranks.split(",")]
+    return sum(int(span[-1]) - int(span[0]) + 1 for span in spans)
 
 
 def ddpkit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

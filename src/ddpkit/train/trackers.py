@@ -63,6 +63,7 @@ class Tracker:
     """
 
     name: ClassVar[str] = "tracker"
+    hint: ClassVar[str] = "check the tracker's settings"  # what to do when it cannot start
 
     def __init__(self, params: Mapping[str, Any] | None = None, flush_every_s: float = 5.0):
         self.params = dict(params or {})
@@ -75,7 +76,13 @@ class Tracker:
 
     def start(self, run_id: str | None, step: int) -> None:
         """Open the run; ``run_id`` (from a checkpoint): continue that run from ``step``."""
-        self.run_id, self._held = self._open(run_id)
+        try:
+            self.run_id, self._held = self._open(run_id)
+        except ConfigError:
+            raise
+        except Exception as err:  # the tracker's own error, deep in its code: say it once
+            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(f"{self.name}: could not open the run ({cause}); {self.hint}") from None
         if run_id is not None:
             kept = max([*self._held.values(), self._floor, 0])
             said = f"it holds points up to step {kept}; those are not sent again"
@@ -151,6 +158,7 @@ class MLflowLogger(Tracker):
     """
 
     name = "mlflow"
+    hint = "check MLFLOW_TRACKING_URI / MLflowLogger(tracking_uri=...) and the server"
 
     def __init__(
         self,
@@ -213,6 +221,8 @@ class WandbLogger(Tracker):
     """
 
     name = "wandb"
+    hint = ("log in with `wandb login` (or set WANDB_API_KEY), or log offline: WANDB_MODE=offline"
+            " or WandbLogger(mode='offline'), then `wandb sync`")  # fmt: skip
 
     def __init__(
         self,

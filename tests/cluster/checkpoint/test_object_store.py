@@ -135,7 +135,7 @@ def test_a_two_worker_job_killed_with_sigkill_resumes_from_the_bucket_bit_identi
     env = {**os.environ, "ASYNC_SAVES_EPOCHS": "1"}
 
     def start(folder: str, out: Path) -> subprocess.Popen[str]:
-        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2",
+        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--no-merge-output",
                    str(SCRIPTS / "async_saves.py"), folder, str(out)]  # fmt: skip
         return subprocess.Popen(command, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 
 from ddpkit.checkpoint import load_checkpoint
 from ddpkit.tools.slurm.script import SbatchOptions, sbatch_script
-from helpers.launch_helpers import REPO, metric_lines
+from helpers.launch_helpers import REPO, metric_lines, worker_lines
 from helpers.slurm_cluster import SlurmCluster
 
 # The first test may install munge and SLURM (apt-get) and start the cluster.
@@ -58,7 +58,7 @@ def wait_for_line(output: Path, prefix: str, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if output.exists() and any(
-            line.startswith(prefix) for line in output.read_text().split("\n")
+            line.startswith(prefix) for line in worker_lines(output.read_text())
         ):
             return
         time.sleep(0.2)

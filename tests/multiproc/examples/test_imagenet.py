@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import REPO, ddpkit_cli, processes_running
+from helpers.launch_helpers import REPO, ddpkit_cli, processes_running, worker_lines
 
 pytestmark = pytest.mark.multiproc
 
@@ -151,7 +151,7 @@ def test_a_missing_split_and_an_unreadable_image_are_named(images: Path, tmp_pat
 def test_the_linear_example_takes_one_step_per_rank_in_step() -> None:
     done = ddpkit_cli("run", "--nproc", "2", "examples/linear.py")
     assert done.returncode == 0, done.stderr
-    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    lines = sorted(line for line in worker_lines(done.stdout) if line.startswith("rank "))
     assert [line.split(":")[0] for line in lines] == ["rank 0 of 2", "rank 1 of 2"]
     losses = {line.split("loss ")[1].split(",")[0] for line in lines}
     weights = {line.split("sum to ")[1] for line in lines}

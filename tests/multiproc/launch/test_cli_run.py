@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running, worker_lines
 
 pytestmark = pytest.mark.multiproc
 
@@ -50,7 +50,7 @@ def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> 
         "--checkpoint-dir", str(tmp_path), "--save-every", "30",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    last = done.stdout.strip().splitlines()[-1]
+    last = worker_lines(done.stdout.strip())[-1]
     assert last.startswith("test accuracy") and "2 workers" in last
     assert float(last.split()[2]) >= 0.9
     assert done.stdout.count("epoch 60/60") == 1  # rank 0 alone logs

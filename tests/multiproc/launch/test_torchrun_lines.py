@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from torch.distributed.run import get_args_parser
 
-from helpers.launch_helpers import SCRIPTS
+from helpers.launch_helpers import SCRIPTS, worker_lines
 from helpers.torchrun_table import LINES, Line
 
 pytestmark = pytest.mark.multiproc
@@ -56,7 +56,7 @@ def launch(launcher: list[str], args: list[str], folder: Path) -> list[str]:
     done = subprocess.run([*launcher, *args], cwd=folder, capture_output=True, text=True,
                           timeout=180, env=env)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    return sorted(line for line in done.stdout.splitlines() if "SEEN" in line)
+    return sorted(line for line in worker_lines(done.stdout) if "SEEN" in line)
 
 
 @pytest.mark.parametrize("entry", LINES, ids=[entry.source for entry in LINES])

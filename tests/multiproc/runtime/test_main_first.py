@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import REPO, SCRIPTS
+from helpers.jobs import rank_of
+from helpers.launch_helpers import REPO, SCRIPTS, processes_running
 
 pytestmark = pytest.mark.multiproc
 
@@ -50,6 +51,8 @@ def test_a_rank0_stopped_inside_the_block_is_named_with_its_line(tmp_path: Path)
     def read() -> None:
         for line in job.stdout:  # type: ignore[union-attr]
             lines.append((time.time(), line))
+            if "stopped inside main_first()" in line:  # named: end the stopped rank 0 now,
+                _kill_rank0(tmp_path)  # not after torch's 30 s of waiting for it to stop
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -68,3 +71,9 @@ def test_a_rank0_stopped_inside_the_block_is_named_with_its_line(tmp_path: Path)
     print(f"rank 0 stopped -> named by rank 1 in {waited:.1f} s (hang timeout {HANG_TIMEOUT_S} s)")
     assert at - entered <= HANG_TIMEOUT_S + 10, at - entered
     assert job.returncode != 0
+
+
+def _kill_rank0(folder: Path) -> None:
+    for pid in processes_running(str(folder)):
+        if rank_of(pid) == 0:
+            os.kill(pid, signal.SIGKILL)

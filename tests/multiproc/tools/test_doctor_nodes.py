@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers.launch_helpers import REPO
+from helpers.launch_helpers import REPO, worker_lines
 from helpers.netns import VirtualHost, virtual_hosts
 
 pytestmark = pytest.mark.multiproc
@@ -54,7 +54,7 @@ def test_doctor_nodes_passes_healthy_links_and_names_a_slowed_host() -> None:
         assert healthy.count(" <-> ") == 3 and "PASS every link" in healthy, healthy
         hosts[2].limit_rate("100mbit")
         report = doctor_everywhere(hosts)
-    failures = [line for line in report.splitlines() if line.startswith("FAIL")]
+    failures = [line for line in worker_lines(report) if line.startswith("FAIL")]
     slowed = f"slow host {hosts[2].name} ({hosts[2].address})"
     assert failures == [line for line in failures if slowed in line]
     assert len(failures) == 1, report

@@ -36,7 +36,9 @@ DONE = f"epoch {EPOCHS}/{EPOCHS}"
 
 
 def start(folder: Path, out: Path, strategy: str = "ddp") -> subprocess.Popen[str]:
-    command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2",
+    # Unmerged output: a launcher killed with SIGKILL takes the lines its merged console
+    # still held with it, and these tests read what the killed job printed.
+    command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--no-merge-output",
                str(SCRIPTS / "async_saves.py"), str(folder), str(out)]  # fmt: skip
     env = {**os.environ, "ASYNC_SAVES_STRATEGY": strategy}
     return subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE, env=env,

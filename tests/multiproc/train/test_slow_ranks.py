@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from helpers.launch_helpers import SCRIPTS, ddpkit_cli
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli, worker_lines
 
 pytestmark = pytest.mark.multiproc
 
@@ -52,7 +52,7 @@ def test_a_rank_sleeping_in_its_step_is_named_with_the_phase_and_its_memory(
         assert sum(phases) == pytest.approx(epoch["time/step_ms"])
         assert epoch["time/slowest_rank"] == 1.0 and epoch["mem/peak_rank"] == 1.0
         assert epoch["time/work_ms_max"] - epoch["time/work_ms_min"] > 35
-    epoch_lines = [line for line in output.splitlines() if line.startswith("epoch ")]
+    epoch_lines = [line for line in worker_lines(output) if line.startswith("epoch ")]
     assert all(re.search(r"ms/step: data [\d.]+, compute", line) for line in epoch_lines)
     assert all("peak memory" in line and "(rank 1)" in line for line in epoch_lines)
 
