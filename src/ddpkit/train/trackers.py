@@ -81,8 +81,10 @@ class Tracker:
         except ConfigError:
             raise
         except Exception as err:  # the tracker's own error, deep in its code: say it once
-            cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise ConfigError(f"{self.name}: could not open the run ({cause}); {self.hint}") from None
+            cause = (str(err).strip() or type(err).__name__).splitlines()[0]
+            raise ConfigError(
+                f"{self.name}: could not open the run ({cause}); {self.hint}"
+            ) from None
         if run_id is not None:
             kept = max([*self._held.values(), self._floor, 0])
             said = f"it holds points up to step {kept}; those are not sent again"
