@@ -45,6 +45,7 @@ class Group:
     text: str
     since: float
     ranks: list[int] = field(default_factory=list)
+    printed: bool = False
 
     def line(self) -> str:
         """The line as shown: ``[rank2] text`` or ``[ranks 0-3,5] text``."""
@@ -83,22 +84,27 @@ class LineMerger:
 
     def _can_join(self, group: Group, rank: int, now: float) -> bool:
         # Joining a group older than the rank's newest line would print its lines out of order.
-        fresh = now - group.since < self.window and group in self._pending
+        fresh = now - group.since < self.window and not group.printed
         newer = group.seq > self._last.get((rank, group.stream), 0)
         return fresh and rank not in group.ranks and newer
 
     def ready(self, now: float, flush: bool = False) -> list[Group]:
         """The groups to print now (all of them with ``flush``), in order."""
         out: list[Group] = []
+        held: list[Group] = []
         waiting: set[tuple[int, str]] = set()  # (rank, stream) with an earlier line held
         for group in self._pending:
             due = flush or len(group.ranks) >= self.ranks or now - group.since >= self.window
             sources = {(rank, group.stream) for rank in group.ranks}
             if due and not waiting & sources:
+                group.printed = True
                 out.append(group)
+                if self._joinable.get((group.stream, group.text)) is group:
+                    del self._joinable[(group.stream, group.text)]  # a long job's lines go
             else:
                 waiting |= sources
-        self._pending = [group for group in self._pending if group not in out]
+                held.append(group)
+        self._pending = held
         return out
 
 
