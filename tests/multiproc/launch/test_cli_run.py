@@ -43,7 +43,6 @@ def test_failing_worker_sets_exit_code_and_names_the_rank() -> None:
     assert processes_running("crash_on_rank1.py") == []  # no orphan workers
 
 
-@pytest.mark.oldest_torch
 def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> None:
     done = ddpkit_cli(
         "run", "--nproc", "2", "examples/wine.py", "--epochs", "60",

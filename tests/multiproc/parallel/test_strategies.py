@@ -28,7 +28,6 @@ def test_fsdp_and_ddp_with_clipping_match_one_process() -> None:
     assert max_abs_diff(single, unclipped) > 1e-3  # the clip changed the result
 
 
-@pytest.mark.oldest_torch
 def test_fsdp_sharded_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     full = ddpkit.spawn(workers.train_toy, 2, "fsdp", 4, 4, 0.05, str(full_dir), 2)

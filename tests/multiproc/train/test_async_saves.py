@@ -29,8 +29,8 @@ from helpers.launch_helpers import REPO, SCRIPTS
 
 pytestmark = pytest.mark.multiproc
 
-KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_KILLS", "4"))  # the note records a run of 50
-SHARDED_KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_SHARDED_KILLS", "2"))
+KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_KILLS", "2"))  # the note records a run of 50
+SHARDED_KILLS = int(os.environ.get("DDPKIT_TEST_ASYNC_SHARDED_KILLS", "1"))
 EPOCHS = os.environ.get("ASYNC_SAVES_EPOCHS", "3")  # the script reads it too (50 kills: 10)
 DONE = f"epoch {EPOCHS}/{EPOCHS}"
 
