@@ -85,7 +85,7 @@ class Tracker:
             raise ConfigError(
                 f"{self.name}: could not open the run ({cause}); {self.hint}"
             ) from None
-        if run_id is not None:
+        if run_id is not None and run_id == self.run_id:
             kept = max([*self._held.values(), self._floor, 0])
             said = f"it holds points up to step {kept}; those are not sent again"
             logger.info(f"{self.name}: continuing run {run_id} at step {step} ({said})")
@@ -178,6 +178,10 @@ class MLflowLogger(Tracker):
 
     def _open(self, run_id: str | None) -> tuple[str, dict[str, int]]:
         client = self._client = _mlflow_client(self.tracking_uri)
+        if run_id is not None and not self._exists(run_id):
+            logger.warning(f"mlflow: run {run_id} of the checkpoint is not on "
+                           f"{client.tracking_uri}; this job continues in a new run")  # fmt: skip
+            run_id = None
         if run_id is None:
             found = client.get_experiment_by_name(self.experiment)
             experiment = found.experiment_id if found else client.create_experiment(self.experiment)
@@ -187,6 +191,17 @@ class MLflowLogger(Tracker):
         for key in client.get_run(run_id).data.metrics:
             held[key] = max(point.step for point in client.get_metric_history(run_id, key))
         return run_id, held
+
+    def _exists(self, run_id: str) -> bool:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self._client.get_run(run_id)
+        except MlflowException as err:
+            if err.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return False
+            raise
+        return True
 
     def _send(self, points: Sequence[Point]) -> None:
         from mlflow.entities import Metric

@@ -140,3 +140,19 @@ def test_trainloop_log_reaches_the_trackers_without_a_log_dir() -> None:
     loop.log({"custom/value": 3.0})
     assert tracker.steps("custom/value") == [0]
     ddpkit.shutdown()
+
+
+def test_a_run_id_the_mlflow_server_lacks_starts_a_new_run(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    pytest.importorskip("mlflow", reason="needs mlflow (make test installs it)")
+    from ddpkit.train.trackers import MLflowLogger
+
+    tracker = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracker.start("0123456789abcdef0123456789abcdef", step=5)  # another server's run
+    assert tracker.run_id != "0123456789abcdef0123456789abcdef"
+    assert "is not on sqlite:" in caplog.text and "continues in a new run" in caplog.text
+    tracker.log({"train/loss": 0.5}, 6)
+    tracker.close()
+    history = tracker._client.get_metric_history(tracker.run_id, "train/loss")
+    assert [(p.step, p.value) for p in history] == [(6, 0.5)]
