@@ -189,18 +189,20 @@ class MergedConsole:
         """Read what is left and print everything at once: the workers are done."""
         self._stop.set()
         self._thread.join()
-        with self._lock:
-            for (rank, stream), followed in self._files.items():
-                self._take(rank, stream, followed.new_lines(final=True))
-                followed.close()
-            self._print(self.merger.ready(time.monotonic(), flush=True))
+        self._poll(final=True)
+        for followed in self._files.values():
+            followed.close()
 
     def _follow(self) -> None:
         while not self._stop.wait(POLL_S):
-            with self._lock:
-                for (rank, stream), followed in self._files.items():
-                    self._take(rank, stream, followed.new_lines())
-                self._print(self.merger.ready(time.monotonic()))
+            self._poll(final=False)
+
+    def _poll(self, final: bool) -> None:
+        """Read every file's new lines and print what is due (everything when ``final``)."""
+        with self._lock:
+            for (rank, stream), followed in self._files.items():
+                self._take(rank, stream, followed.new_lines(final=final))
+            self._print(self.merger.ready(time.monotonic(), flush=final))
 
     def _take(self, rank: int, stream: str, lines: list[str]) -> None:
         now = time.monotonic()
@@ -209,9 +211,9 @@ class MergedConsole:
 
     def _print(self, groups: list[Group]) -> None:
         for group in groups:
-            target = self._streams[group.stream]
-            target.write(group.line() + "\n")
-            target.flush()
+            self._streams[group.stream].write(group.line() + "\n")
+        for stream in {group.stream for group in groups}:
+            self._streams[stream].flush()
 
 
 class MergedLogsSpecs(DefaultLogsSpecs):

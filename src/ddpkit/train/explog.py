@@ -36,7 +36,7 @@ from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
-from ddpkit.train.trackers import Tracker, tracker_from
+from ddpkit.train.trackers import Tracker, scalar, tracker_from
 
 CSV_NAME = "metrics.csv"
 _COLUMNS = ["step", "tag", "value", "wall_time"]
@@ -80,7 +80,7 @@ class ExperimentLog:
             if tag in self._at[1]:
                 continue
             self._at[1].add(tag)
-            number = float(value.detach() if hasattr(value, "detach") else value)
+            number = scalar(value)
             self._rows.writerow([step, tag, repr(number), f"{now:.3f}"])
             if self._writer is not None:
                 self._writer.add_scalar(tag, number, step, walltime=now)
@@ -159,12 +159,20 @@ class ExperimentLogCallback(Callback):
                 tracker.fill_in(earlier)
         return self
 
+    @property
+    def started(self) -> list[Tracker]:
+        """The trackers with an open run (none on ranks other than 0, or before opening)."""
+        return self.trackers if self._open else []
+
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """One point per metric at ``step`` in every log of the run (rank 0)."""
+        if not self._open:
+            return
+        numbers = {tag: scalar(value) for tag, value in metrics.items()}  # once, for all logs
         if self.files is not None:
-            self.files.log(metrics, step)
-        for tracker in self.trackers if self._open else ():
-            tracker.log(metrics, step)
+            self.files.log(numbers, step)
+        for tracker in self.trackers:
+            tracker.log(numbers, step)
 
     def _files(self, step: int) -> ExperimentLog:
         assert self.log_dir is not None
@@ -181,7 +189,7 @@ class ExperimentLogCallback(Callback):
         self._step, self._since, self._samples = trainer.step, time.perf_counter(), 0
         setup = trainer.setup.record() if trainer.setup is not None else {}
         facts = {f"ddpkit/{name}": value for name, value in setup.items()}
-        for tracker in self.trackers if self._open else ():
+        for tracker in self.started:
             tracker.log_params({**tracker.params, **facts}, trainer.step)
 
     def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:
@@ -204,14 +212,14 @@ class ExperimentLogCallback(Callback):
         # Everything up to this step reaches the logs before the checkpoint exists.
         if self.files is not None:
             self.files.flush()
-        for tracker in self.trackers if self._open else ():
+        for tracker in self.started:
             tracker.flush()
         state["trackers"] = {t.name: t.run_id for t in self.trackers if t.run_id is not None}
 
     def on_fit_end(self, trainer: Any) -> None:
         if self.files is not None:
             self.files.close()
-        for tracker in self.trackers if self._open else ():
+        for tracker in self.started:
             tracker.close()
             self._run_ids[tracker.name] = str(tracker.run_id)
         self.files, self._open = None, False  # a next run opens them again, from its step

@@ -112,7 +112,7 @@ class Tracker:
         now = time.time()
         for tag, value in metrics.items():
             if step > max(self._held.get(tag, -1), self._floor):
-                self._pending.append((tag, _number(value), step, now))
+                self._pending.append((tag, scalar(value), step, now))
         if time.monotonic() - self._sent_at >= self.flush_every_s:
             self.flush()
 
@@ -344,7 +344,13 @@ def _imported(module: str, extra: str) -> Any:
         ) from None
 
 
-def _number(value: Any) -> float:
+def scalar(value: Any) -> float:
+    """A metric as a float: a number, or a one-element tensor (one device sync).
+
+    Example:
+        >>> scalar(3)
+        3.0
+    """
     return float(value.detach() if hasattr(value, "detach") else value)
 
 
