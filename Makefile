@@ -12,11 +12,19 @@ OLDEST_TORCH ?= 2.7.0
 # build of torchvision imports beside the pinned CPU torch 2.13.0) and without it in .venv.
 OLDEST_TORCHVISION ?= 0.22.0
 OLDEST_VENV  ?= .venv-torch$(OLDEST_TORCH)
+# Every package the two virtualenvs get, pinned: make installs from these constraint files, so
+# a fresh clone gets what CI ran. `make lock` resolves them anew (on purpose: then run make test
+# and commit them). torch itself is each venv's pin above (a comment in the file), so a CUDA
+# build a GPU user put in .venv is kept.
+LOCK        ?= constraints/test.txt
+OLDEST_LOCK ?= constraints/test-oldest.txt
+TEST_EXTRAS ?= test,mlflow,wandb
+LOCK_VENV   ?= .venv-lock
 NPROC       ?= 2
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
-.PHONY: demo test test-oldest check lint typecheck unit clean
+.PHONY: demo test test-oldest check lint typecheck unit lock lock-main lock-oldest clean
 
 demo: $(VENV)/.examples-installed
 	rm -rf runs/wine-demo  # the demo trains from scratch each time; its own scratch folder
@@ -53,22 +61,46 @@ typecheck: $(VENV)/.test-installed
 
 $(VENV)/.torch-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet -c $(LOCK) "$(TORCH_SPEC)"
 	touch $@
 
-$(VENV)/.examples-installed: $(VENV)/.torch-installed pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[examples]"
+$(VENV)/.examples-installed: $(VENV)/.torch-installed pyproject.toml $(LOCK)
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[examples]"
 	touch $@
 
-$(VENV)/.test-installed: $(VENV)/.torch-installed pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[test,mlflow,wandb]"
+$(VENV)/.test-installed: $(VENV)/.torch-installed pyproject.toml $(LOCK)
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[$(TEST_EXTRAS)]"
 	touch $@
 
-$(OLDEST_VENV)/.test-installed: pyproject.toml
+$(OLDEST_VENV)/.test-installed: pyproject.toml $(OLDEST_LOCK)
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[test]"
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_LOCK) "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_LOCK) -e ".[test]"
 	touch $@
+
+# Resolve both constraint files anew from pyproject.toml, each in a scratch venv (the oldest
+# torch's is a ~5.7 GB download). Then `make test`, and commit constraints/ with the change.
+lock: lock-main lock-oldest
+
+lock-main:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[$(TEST_EXTRAS),examples]"
+	$(call write_lock,$(LOCK),$(TORCH_SPEC) with the extras [$(TEST_EXTRAS) examples])
+
+lock-oldest:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install --quiet "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
+	$(LOCK_VENV)/bin/python -m pip install --quiet -e ".[test]"
+	$(call write_lock,$(OLDEST_LOCK),torch==$(OLDEST_TORCH) with the extra [test])
+
+# torch (and torchvision) become comments: the venv's own pin installs them.
+define write_lock
+	{ echo "# What make installs beside $(2) (make lock wrote it; do not edit)."; \
+	  $(LOCK_VENV)/bin/python -m pip freeze --exclude-editable \
+	    | sed -E 's/^(torch|torchvision)==/# \1==/'; } > $(1)
+	rm -rf $(LOCK_VENV)
+endef
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) runs .mypy_cache .ruff_cache .pytest_cache src/*.egg-info
+	rm -rf $(VENV) $(OLDEST_VENV) $(LOCK_VENV) runs .mypy_cache .ruff_cache .pytest_cache src/*.egg-info
