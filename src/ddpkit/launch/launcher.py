@@ -24,7 +24,9 @@ import contextlib
 import logging
 import os
 import pickle
+import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -40,6 +42,8 @@ from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     LAUNCHER_PID_ENV,
     LAUNCHER_REPORTS_ENV,
+    LIVE_CONSOLE_ENV,
+    ONE_STREAM_ENV,
     PREEMPTED_EXIT_CODE,
     STOP_SIGNALS,
     RecordKind,
@@ -124,7 +128,7 @@ def run_script(
     command, args = program.entrypoint()
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
-    env = {**defaults, **_quiet_workers(plan), **_unbuffered(plan), **(worker_env or {})}
+    env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
     with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
         try:
@@ -168,11 +172,27 @@ def _console(plan: LaunchPlan, log_dir: str) -> Iterator[MergedLogsSpecs | None]
         yield MergedLogsSpecs(log_dir, console)
 
 
-def _unbuffered(plan: LaunchPlan) -> dict[str, str]:
-    # Written to a file, a Python worker's stdout is block-buffered: its lines would reach
-    # the merged console in bursts, out of step with the other ranks'.
-    wanted = plan.merges_output and "PYTHONUNBUFFERED" not in os.environ
-    return {"PYTHONUNBUFFERED": "1"} if wanted else {}
+def console_env(plan: LaunchPlan, terminal: bool | None = None) -> dict[str, str]:
+    """What the workers are told when the merged console shows their output: write stderr
+    into stdout's file (one file keeps the order the rank wrote them in), unbuffered (or
+    their lines reach the console in bursts); when the console is a terminal (``terminal``:
+    the launcher's stdout), draw progress bars and fit them to its width, less the prefix.
+
+    Example:
+        >>> sorted(console_env(LaunchPlan(nproc=2), terminal=False))
+        ['DDPKIT_ONE_STREAM', 'PYTHONUNBUFFERED']
+        >>> console_env(LaunchPlan(nproc=2, merge_output=False))
+        {}
+    """
+    if not plan.merges_output:
+        return {}
+    env = {ONE_STREAM_ENV: "1", "PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    if sys.stdout.isatty() if terminal is None else terminal:
+        env[LIVE_CONSOLE_ENV] = "1"
+        prefix = len(f"[rank{plan.nproc - 1}] ")
+        columns = shutil.get_terminal_size().columns
+        env["COLUMNS"] = os.environ.get("COLUMNS", str(max(columns - prefix, 20)))
+    return env
 
 
 def _quiet_workers(plan: LaunchPlan) -> dict[str, str]:

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
+    ONE_STREAM_ENV,
     PREEMPTED_EXIT_CODE,
     STOP_SIGNALS,
     WORKER_SETUP_ENV,
@@ -53,10 +54,25 @@ def main(argv: list[str] | None = None) -> None:
         args = args[1:]
     if not args:
         sys.exit("usage: python -m ddpkit.launch.worker [-m MODULE | SCRIPT] [ARGS...]")
+    join_streams()
     die_with_launcher()
     stop_outside_training()
     run_setup()
     _run_as_main(args, module)
+
+
+def join_streams(environ: Mapping[str, str] | None = None) -> None:
+    """Under ``ddpkit run``'s merged console (``DDPKIT_ONE_STREAM=1``), write stderr into
+    stdout's file: two files lose the order in which the rank wrote to them (a print, then
+    the warning or traceback it led to), one file keeps it, whoever writes (Python, C++,
+    a child process).
+
+    Example:
+        >>> join_streams({})  # not asked for: stderr stays where it is
+    """
+    if (os.environ if environ is None else environ).get(ONE_STREAM_ENV) == "1":
+        sys.stderr.flush()
+        os.dup2(sys.stdout.fileno(), sys.stderr.fileno())
 
 
 def stop_outside_training() -> None:

@@ -3,9 +3,9 @@
 The start-up line states what changes with the world size and decides what a run computes:
 strategy, effective global batch, learning rates, precision, the sampler's padding, read from
 the live objects (:class:`RunSetup`). Rank 0's bar shows the latest step's metrics on a
-terminal; elsewhere (CI logs, ``ddpkit run``'s workers) a line every ``log_every`` steps
-helps instead. Every line is a record of the ``ddpkit`` logger from rank 0, so
-``logging.getLogger("ddpkit").setLevel(logging.WARNING)`` silences them all.
+terminal (under ``ddpkit run``: when its console is one); elsewhere (CI logs, pipes) a line
+every ``log_every`` steps helps instead. Every line is a record of the ``ddpkit`` logger
+from rank 0, so ``logging.getLogger("ddpkit").setLevel(logging.WARNING)`` silences them all.
 
 Example:
     >>> format_epoch({"epoch": 1.0, "loss": 0.5, "samples": 8.0, "time_s": 1.25}, 10)
@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -23,6 +24,7 @@ from torch.utils.data import DistributedSampler
 from tqdm import tqdm
 
 from ddpkit._core.log import PLAIN, logger
+from ddpkit._core.protocol import LIVE_CONSOLE_ENV
 from ddpkit.runtime.collectives import is_main
 from ddpkit.train.options import LoopOptions
 from ddpkit.train.ranktimes import RankTimes
@@ -151,13 +153,12 @@ class Console:
     def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:
         """Epoch ``epoch`` (from 0) of ``epochs`` starts, ``done`` of ``total`` batches done."""
         self._close_bar()
-        # disable=None lets tqdm hide itself when stderr is not a terminal (CI logs, pipes).
         self._bar = tqdm(
             desc=f"epoch {epoch + 1}/{epochs}",
             total=total,
             initial=done,
             leave=False,
-            disable=None if is_main() else True,
+            disable=_bar_hidden(),
         )
         self._in_epoch = 0
 
@@ -204,6 +205,15 @@ class Console:
             if self.times is not None:
                 shown["time"] = self.times.per_step()
             self._bar.set_postfix(shown)
+
+
+def _bar_hidden() -> bool | None:
+    """Rank 0 draws the bar where someone watches: under ``ddpkit run``, when its console is
+    a terminal (the worker's own stderr is a file there); elsewhere tqdm hides it when
+    stderr is no terminal (``None``: CI logs, pipes)."""
+    if not is_main():
+        return True
+    return False if os.environ.get(LIVE_CONSOLE_ENV) == "1" else None
 
 
 def format_epoch(metrics: dict[str, float], epochs: int, times: RankTimes | None = None) -> str:

@@ -25,7 +25,9 @@ def test_a_rank_that_never_reaches_a_collective_is_named_and_the_job_exits() -> 
     assert re.search(r"hang: rank 0 waited \d+ s in all_reduce_sum\(float64\[\]\)", verdict)
     assert "rank 1 has not reached it" in verdict
     assert "time.sleep(3600)" in verdict  # rank 1's own stack shows where it is stuck
-    assert "rank 1's threads (faulthandler)" in done.stderr  # every rank dumps its stacks
+    assert "[rank1] ddpkit: rank 1's threads (faulthandler)" in done.stdout  # every rank dumps
+    dump = done.stdout.split("rank 1's threads (faulthandler)")[1]
+    assert "[rank1]   File" in dump and "sleep_before_collective.py" in dump, dump
     assert processes_running(str(script)) == []
 
 

@@ -1,11 +1,16 @@
-"""The merged console's choices: which lines become one, when each goes out, in what order."""
+"""The merged console's choices: which lines become one, when each goes out, in what order,
+and the line a rank is still drawing, shown live."""
 
 from __future__ import annotations
 
 import io
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from ddpkit.launch.console import LineMerger, MergedConsole, rank_ranges
+from ddpkit.launch.console import FollowedFile, MergedConsole
+from ddpkit.launch.linemerge import LineMerger, rank_ranges
+from ddpkit.launch.liveline import LiveLine
 
 
 def lines(merger: LineMerger, now: float, flush: bool = False) -> list[str]:
@@ -54,15 +59,106 @@ def test_rank_ranges() -> None:
     assert rank_ranges([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
 
 
-def test_the_console_reads_files_as_they_grow_and_prints_what_is_left(tmp_path: Path) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_the_console_prints_lines_while_the_files_grow_and_what_is_left_at_exit(
+    tmp_path: Path,
+) -> None:
     out, err = io.StringIO(), io.StringIO()
     files = [tmp_path / f"{rank}.out" for rank in range(2)]
-    with MergedConsole(window=10.0, ranks=2, out=out, err=err) as console:
+    with MergedConsole(window=0.2, ranks=2, out=out, err=err) as console:
         for rank, path in enumerate(files):
             console.follow(rank, "out", path)
-            path.write_text(f"same\nrank {rank}\rrank {rank} redrawn\npartial {rank}")
-    assert out.getvalue().splitlines() == [
-        "[ranks 0-1] same", "[rank0] rank 0 redrawn", "[rank0] partial 0",
-        "[rank1] rank 1 redrawn", "[rank1] partial 1",
+        with files[0].open("a") as rank0:
+            rank0.write("first\n")
+            rank0.flush()
+            # out while the worker runs (a console that reads at exit never gets here)
+            assert wait_for(lambda: "[rank0] first\n" in out.getvalue()), out.getvalue()
+            rank0.write("partial 0")
+        files[1].write_text("first\nsecond\n")
+        assert wait_for(lambda: "[rank1] second\n" in out.getvalue()), out.getvalue()
+    shown = [line.rsplit("\r", 1)[-1] for line in out.getvalue().split("\n")]  # as drawn
+    assert shown == [
+        "[rank0] first", "[rank1] first", "[rank1] second", "[rank0] partial 0", "",
     ]  # fmt: skip
     assert err.getvalue() == ""
+
+
+def test_a_line_being_redrawn_is_shown_live_with_its_rank_then_printed_whole(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    path = tmp_path / "0.out"
+    with MergedConsole(window=0.2, ranks=2, out=out) as console:
+        console.live.interval = 0.0
+        console.follow(0, "out", path)
+        with path.open("a") as rank0:
+            rank0.write("\rbar  10%\rbar  20%")
+            rank0.flush()
+            # the newest state once found whole (unchanged over a poll), while it runs
+            assert wait_for(lambda: out.getvalue().endswith("\r[rank0] bar  20%")), out.getvalue()
+            rank0.write("\rbar 100%\n")
+    assert out.getvalue().endswith("\r[rank0] bar 100%\n"), repr(out.getvalue())
+
+
+def test_a_ranks_bar_waits_behind_its_own_held_line(tmp_path: Path) -> None:
+    out = io.StringIO()
+    path = tmp_path / "0.out"
+    path.write_text("held for its twin\n\rbar 50%")
+    with MergedConsole(window=0.5, ranks=2, out=out) as console:
+        console.live.interval = 0.0
+        console.follow(0, "out", path)
+        assert wait_for(lambda: "bar 50%" in out.getvalue(), timeout=2.0)
+    text = out.getvalue()
+    assert text.index("[rank0] held for its twin") < text.index("[rank0] bar 50%"), text
+
+
+def test_the_newest_whole_state_of_a_line_in_progress(tmp_path: Path) -> None:
+    path = tmp_path / "stdout.log"
+    followed = FollowedFile(path)
+    assert followed.new_lines() == [] and followed.live is None  # no file yet
+    path.write_text("done\n\r 10%\r 2")
+    assert followed.new_lines() == ["done"] and followed.live == " 10%"  # " 2": half written
+    assert followed.new_lines() == [] and followed.live == " 2"  # unchanged over a poll: whole
+    with path.open("a") as file:
+        file.write("0%\r" + " " * 8 + "\r")  # tqdm's leave=False clears its line
+    assert followed.new_lines() == [] and followed.live == ""
+    with path.open("a") as file:
+        file.write("loss 0.5\n")
+    assert followed.new_lines() == ["loss 0.5"] and followed.live is None
+
+
+def test_a_live_line_in_a_terminal_is_redrawn_in_place_and_under_printed_lines() -> None:
+    out = io.StringIO()
+    live = LiveLine(out, terminal=True, interval=0.1)
+    live.show("[rank0] 10%", now=0.0)
+    live.show("[rank0] 20%", now=0.05)  # too soon: held back
+    live.show("[rank0] 20%", now=0.1)
+    live.clear()
+    out.write("[rank1] a line\n")
+    live.show("[rank0] 20%", now=0.11)  # back at once under the printed line
+    assert out.getvalue() == (
+        "\r\x1b[K[rank0] 10%\r\x1b[K[rank0] 20%\r\x1b[K[rank1] a line\n\r\x1b[K[rank0] 20%"
+    )
+
+
+def test_a_live_line_in_a_pipe_is_rewritten_padded_and_not_repeated() -> None:
+    out = io.StringIO()
+    live = LiveLine(out, terminal=False, interval=0.5)
+    live.show("[rank0] 100 steps", now=0.0)
+    live.show("[rank0] 1 step", now=0.5)
+    live.clear()
+    out.write("[rank1] a line\n")
+    live.show("[rank0] 1 step", now=2.0)  # the same state: a log does not repeat it
+    live.show("[rank0] 2 steps", now=2.1)  # a new one on a cleared line: at once
+    assert out.getvalue().split("\r") == [
+        "", "[rank0] 100 steps", "[rank0] 1 step   ", " " * 17, "[rank1] a line\n",
+        "[rank0] 2 steps",
+    ]  # fmt: skip
