@@ -17,7 +17,7 @@ logs, the same points at the same steps, to one tracker run per job:
 - hyperparameters (``params=``) and the start-up facts (``ddpkit/world_size``,
   ``ddpkit/global_batch``, ``ddpkit/strategy``, ``ddpkit/precision``, ...) are logged once;
   a resumed job whose facts changed (another world size) records the new value under
-  ``ddpkit/<fact>@step<N>``;
+  ``ddpkit/<fact> at step <N>`` (names a tracker accepts: MLflow refuses ``@``);
 - points are sent in batches, every ``flush_every_s`` seconds and at each checkpoint, so a
   slow tracker does not slow the steps; a tracker that fails mid-run is warned about and its
   points kept for the next try; one that cannot be reached at the start is an error.
@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError
-from ddpkit.train.wandbfiles import logged_steps
+from ddpkit.train.wandbfiles import logged_config, logged_steps
 
 Point = tuple[str, float, int, float]  # tag, value, step, wall time (s)
 
@@ -92,7 +92,8 @@ class Tracker:
 
     def log_params(self, params: Mapping[str, Any], step: int) -> None:
         """Log the parameters the run lacks; one whose value changed (a resumed job on
-        another world size) under ``<key>@step<step>``: a tracker's parameters are fixed."""
+        another world size) under ``<key> at step <step>``: a tracker's parameters are fixed.
+        """
         self._log_params({k: _text(v) for k, v in params.items() if v is not None}, step)
 
     def fill_in(self, rows: Sequence[Sequence[str]]) -> None:
@@ -142,7 +143,7 @@ class Tracker:
         raise NotImplementedError
 
     def _log_params(self, params: Mapping[str, str], step: int) -> None:
-        """Log the parameters the run lacks; a changed one under ``<key>@step<step>``."""
+        """Log the parameters the run lacks; a changed one under :func:`changed_name`."""
 
     def _finish(self, failed: bool) -> None:
         """Mark the run ended."""
@@ -220,7 +221,7 @@ class MLflowLogger(Tracker):
             self._client.log_batch(self.run_id, params=new[first : first + 100])
         for key, value in params.items():
             if key in held and held[key] != value:  # a parameter cannot change: a tag says it
-                self._client.set_tag(self.run_id, f"{key}@step{step}", value)
+                self._client.set_tag(self.run_id, changed_name(key, step), value)
 
     def _finish(self, failed: bool) -> None:
         self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -254,6 +255,7 @@ class WandbLogger(Tracker):
         self.project = project or os.environ.get("WANDB_PROJECT") or "ddpkit"
         self.mode, self.dir, self.run_name = mode, dir, run_name
         self._run: Any = None
+        self._earlier_config: dict[str, Any] = {}  # an offline run's, from its earlier files
 
     def _open(self, run_id: str | None) -> tuple[str, dict[str, int]]:
         wandb = _imported("wandb", "wandb")
@@ -270,7 +272,9 @@ class WandbLogger(Tracker):
 
     def _held_by(self, run_id: str) -> dict[str, int]:
         if self._run.offline:  # no server to ask: the earlier processes' files say it
-            return logged_steps(Path(self._run.dir).parent.parent, run_id)
+            folder = Path(self._run.dir).parent.parent
+            self._earlier_config = logged_config(folder, run_id)
+            return logged_steps(folder, run_id)
         self._floor = int(getattr(self._run, "starting_step", 0)) - 1  # W&B's one counter
         return {}
 
@@ -282,13 +286,24 @@ class WandbLogger(Tracker):
             self._run.log(rows[step], step=step)
 
     def _log_params(self, params: Mapping[str, str], step: int) -> None:
-        held = dict(self._run.config)
+        # A resumed offline run starts with an empty config: its earlier files hold the first.
+        held = {**self._earlier_config, **dict(self._run.config)}
         self._run.config.update({k: v for k, v in params.items() if k not in held})
-        changed = {f"{k}@step{step}": v for k, v in params.items() if k in held and held[k] != v}
-        self._run.config.update(changed)
+        changed = {k: v for k, v in params.items() if k in held and held[k] != v}
+        self._run.config.update({changed_name(k, step): v for k, v in changed.items()})
 
     def _finish(self, failed: bool) -> None:
         self._run.finish(exit_code=1 if failed else 0)
+
+
+def changed_name(key: str, step: int) -> str:
+    """The name a parameter's new value is logged under when a resumed job changed it.
+
+    Example:
+        >>> changed_name("ddpkit/world_size", 120)
+        'ddpkit/world_size at step 120'
+    """
+    return f"{key} at step {step}"
 
 
 TRACKERS: dict[str, type[Tracker]] = {"mlflow": MLflowLogger, "wandb": WandbLogger}

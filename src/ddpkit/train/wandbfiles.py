@@ -49,19 +49,39 @@ def logged_steps(wandb_dir: Path, run_id: str) -> dict[str, int]:
     return highest
 
 
+def logged_config(wandb_dir: Path, run_id: str) -> dict[str, Any]:
+    """The config the offline folders of ``run_id`` hold, their updates applied in order (as
+    ``wandb sync`` leaves the run); W&B's own keys (``_wandb``) left out.
+
+    Example:
+        >>> logged_config(Path("/nonexistent"), "abc123")
+        {}
+    """
+    config: dict[str, Any] = {}
+    for path in offline_run_files(wandb_dir, run_id):
+        for record in _typed_records(path, "config"):
+            config.update({_key(item): json.loads(item.value_json) for item in record.update})
+    return {key: value for key, value in config.items() if not key.startswith("_")}
+
+
 def history_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(step, {metric: value}) of every history row of one ``.wandb`` file, in order."""
+    for history in _typed_records(path, "history"):
+        row = {_key(item): json.loads(item.value_json) for item in history.item}
+        step = row.pop("_step", None)
+        if step is not None:
+            yield int(step), {k: v for k, v in row.items() if not k.startswith("_")}
+
+
+def _typed_records(path: Path, kind: str) -> Iterator[Any]:
+    """The ``kind`` part (``history``, ``config``) of each record of that kind, in order."""
     from wandb.proto import wandb_internal_pb2
 
     for data in _records(path.read_bytes()):
         record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
         record.ParseFromString(data)
-        if record.WhichOneof("record_type") != "history":
-            continue
-        row = {_key(item): json.loads(item.value_json) for item in record.history.item}
-        step = row.pop("_step", None)
-        if step is not None:
-            yield int(step), {k: v for k, v in row.items() if not k.startswith("_")}
+        if record.WhichOneof("record_type") == kind:
+            yield getattr(record, kind)
 
 
 def _key(item: Any) -> str:

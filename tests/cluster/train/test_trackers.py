@@ -5,17 +5,24 @@ One 2-worker job (tests/scripts/tracked.py, 20 steps, a checkpoint every 3) logs
 it is killed with SIGKILL at step 13, with points after its newest checkpoint (step 12)
 already sent, and run again to the end. Each tracker must then hold one run, every step once, and
 the job's parameters.
+
+A resumed run whose parameters changed (another world size, another argument) keeps the first
+values and records each new one beside them under ``<key> at step <N>``: checked on the same
+server (started once for the module) and on W&B offline files, by driving the loggers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +34,37 @@ mlflow = pytest.importorskip("mlflow", reason="the tracker tests need mlflow (ma
 pytest.importorskip("wandb", reason="the tracker tests need wandb (make test has it)")
 
 STEPS = list(range(1, 21))
+
+# The parameters of a run's first job, and of its job resumed at step 12 on another world size
+# with another argument: two changed (one a ddpkit fact, one the user's), one the same.
+FIRST = {"ddpkit/world_size": 2, "data": "v1", "lr": 0.05}
+RESUMED = {"ddpkit/world_size": 1, "data": "v2", "lr": 0.05}
+RESUMED_AT = 12
+
+
+def changed_key(key: str, step: int) -> str:
+    """The name a changed parameter is recorded under, as trackers.py documents it."""
+    return f"{key} at step {step}"
+
+
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One tracking server for the module's tests (it takes seconds to start)."""
+    folder = tmp_path_factory.mktemp("mlflow-server")
+    with mlflow_server(folder) as uri:
+        yield uri
+    assert not server_processes(folder), "the MLflow server outlived the tests"
+
+
+@pytest.fixture
+def wandb_in_this_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B used by the test's own process: its service stopped after, and the variable it sets
+    to find the service (WANDB_SERVICE) removed, so later jobs do not inherit a dead one."""
+    import wandb
+
+    monkeypatch.delenv("WANDB_SERVICE", raising=False)  # undone after: absent again
+    yield
+    wandb.teardown()  # a second call, after the test's own, does nothing
 
 
 def _start(tmp_path: Path, uri: str) -> subprocess.Popen[str]:
@@ -57,17 +95,17 @@ def _newest_step(client: mlflow.MlflowClient) -> int:
 
 
 @pytest.mark.timeout(600)
-def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(tmp_path: Path) -> None:
-    (tmp_path / "server").mkdir()
-    with mlflow_server(tmp_path / "server") as uri:
-        killed = _killed_at_step_13(_start(tmp_path, uri), uri, str(tmp_path / "ckpt"))
-        finish = _start(tmp_path, uri)
-        output = finish.communicate(timeout=300)[0]
-        assert finish.returncode == 0, killed + output
-        said = re.search(r"mlflow: continuing run (\w+) at step (\d+) .* up to step (\d+)", output)
-        assert said and int(said.group(3)) > int(said.group(2)), output  # points were there
-        _check_mlflow(uri, said.group(1))
-    assert not server_processes(tmp_path / "server"), "the MLflow server outlived the test"
+def test_a_killed_and_resumed_job_is_one_run_with_every_step_once(
+    tmp_path: Path, mlflow_uri: str
+) -> None:
+    uri = mlflow_uri
+    killed = _killed_at_step_13(_start(tmp_path, uri), uri, str(tmp_path / "ckpt"))
+    finish = _start(tmp_path, uri)
+    output = finish.communicate(timeout=300)[0]
+    assert finish.returncode == 0, killed + output
+    said = re.search(r"mlflow: continuing run (\w+) at step (\d+) .* up to step (\d+)", output)
+    assert said and int(said.group(3)) > int(said.group(2)), output  # points were there
+    _check_mlflow(uri, said.group(1))
     _check_wandb(tmp_path / "wandb-files" / "wandb", output)
 
 
@@ -98,3 +136,77 @@ def _check_wandb(folder: Path, output: str) -> None:
     assert len(files) == 2 and len(list(folder.glob("offline-run-*"))) == 2, files
     steps = [step for path in files for step, row in history_rows(path) if "train/loss" in row]
     assert sorted(steps) == STEPS, steps  # each step once, over the two processes' files
+
+
+def test_a_parameter_changed_on_resume_is_an_mlflow_tag_beside_the_first_value(
+    mlflow_uri: str,
+) -> None:
+    from ddpkit.train.trackers import MLflowLogger
+
+    first = MLflowLogger(mlflow_uri, experiment="changed-params")
+    first.start(None, step=0)
+    first.log_params(FIRST, step=0)
+    first.close()
+    resumed = MLflowLogger(mlflow_uri, experiment="changed-params")
+    resumed.start(first.run_id, step=RESUMED_AT)
+    resumed.log_params(RESUMED, step=RESUMED_AT)
+    resumed.close()
+    assert resumed.run_id == first.run_id  # one run, as the user sees it in the UI
+    run = mlflow.MlflowClient(tracking_uri=mlflow_uri).get_run(first.run_id)
+    # MLflow cannot change a logged parameter: the first values stay, and each changed one is
+    # a tag naming the step the job resumed from (the unchanged lr adds none).
+    assert run.data.params == {"ddpkit/world_size": "2", "data": "v1", "lr": "0.05"}
+    ours = {key: value for key, value in run.data.tags.items() if not key.startswith("mlflow.")}
+    assert ours == {
+        changed_key("ddpkit/world_size", RESUMED_AT): "1",
+        changed_key("data", RESUMED_AT): "v2",
+    }
+
+
+def test_a_parameter_changed_on_resume_is_a_wandb_config_key_beside_the_first_value(
+    tmp_path: Path, wandb_in_this_process: None
+) -> None:
+    import wandb
+
+    from ddpkit.train.trackers import WandbLogger
+
+    first = WandbLogger(project="changed-params", mode="offline", dir=tmp_path)
+    first.start(None, step=0)
+    first.log_params(FIRST, step=0)
+    first.close()
+    # Each job's process ends, and W&B's service with it: only then are its files whole
+    # (read right after finish(), a run's file is at times still empty).
+    wandb.teardown()
+    resumed = WandbLogger(project="changed-params", mode="offline", dir=tmp_path)
+    resumed.start(first.run_id, step=RESUMED_AT)
+    resumed.log_params(RESUMED, step=RESUMED_AT)
+    resumed.close()
+    wandb.teardown()
+    # What the run's config is once `wandb sync` has sent both folders: the first values kept,
+    # each changed one beside them (the unchanged lr adds none).
+    assert _synced_config(tmp_path / "wandb", str(first.run_id)) == {
+        "ddpkit/world_size": "2",
+        "data": "v1",
+        "lr": "0.05",
+        changed_key("ddpkit/world_size", RESUMED_AT): "1",
+        changed_key("data", RESUMED_AT): "v2",
+    }
+
+
+def _synced_config(folder: Path, run_id: str) -> dict[str, Any]:
+    """The config updates in every offline folder of ``run_id``, applied in order, as
+    `wandb sync` replays them onto the one run (a later value of a key replaces the first)."""
+    from wandb.proto import wandb_internal_pb2
+
+    from ddpkit.train.wandbfiles import _records, offline_run_files  # W&B's record format
+
+    files = offline_run_files(folder, run_id)  # named by start time: oldest first
+    assert len(files) == 2, f"one offline folder per process expected: {files}"
+    config: dict[str, Any] = {}
+    for path in files:
+        for data in _records(path.read_bytes()):
+            record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]
+            record.ParseFromString(data)
+            if record.WhichOneof("record_type") == "config":
+                config.update({i.key: json.loads(i.value_json) for i in record.config.update})
+    return config

@@ -47,7 +47,7 @@ class Memory(Tracker):
             if key not in run["params"]:
                 run["params"][key] = value
             elif run["params"][key] != value:
-                run["tags"][f"{key}@step{step}"] = value
+                run["tags"][f"{key} at step {step}"] = value
 
     def _finish(self, failed: bool) -> None:
         self.runs[str(self.run_id)]["status"] = "FAILED" if failed else "FINISHED"
@@ -103,7 +103,7 @@ def test_a_changed_fact_is_recorded_beside_the_first_value() -> None:
     again.log_params({"ddpkit/world_size": 3, "lr": 0.1}, step=40)
     run = Memory.runs[str(tracker.run_id)]
     assert run["params"] == {"ddpkit/world_size": "2", "lr": "0.1"}
-    assert run["tags"] == {"ddpkit/world_size@step40": "3"}
+    assert run["tags"] == {"ddpkit/world_size at step 40": "3"}
 
 
 def test_the_run_id_travels_in_the_checkpoint_and_the_facts_are_logged(tmp_path: Any) -> None:
