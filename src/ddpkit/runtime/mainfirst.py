@@ -112,7 +112,7 @@ def _silence(where: str, beats: int, silent: float, timeout_s: float) -> str:
 
 
 def _report(text: str) -> NoReturn:
-    logger.error(f"ddpkit: {text}", extra=EVERY_RANK)  # now: the job's end comes later
+    logger.error(text, extra=EVERY_RANK)  # now: the job's end comes later
     raise MainRankStalledError(text)
 
 

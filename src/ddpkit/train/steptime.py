@@ -165,7 +165,11 @@ class StepClock:
             timed.update(self._device)
         done = [self._work.get(step, 0.0) for step in range(self.steps - _STEPS_KEPT, self.steps)
                 if step >= 0]  # fmt: skip
-        quick = statistics.quantiles(done, n=4)[0] if len(done) > 1 else sum(done)
+        # "inclusive": between the quickest steps; the default extrapolates past the quickest
+        # (few, uneven steps: a negative work time, and a straggler "inf% slower").
+        quick = (
+            statistics.quantiles(done, n=4, method="inclusive")[0] if len(done) > 1 else sum(done)
+        )
         return StepTimes(self.steps, now - self._started, timed, quick)
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from helpers.launch_helpers import SCRIPTS, ddpkit_cli, worker_lines
 pytestmark = pytest.mark.multiproc
 
 PHASES = ("data", "compute", "sync", "optimizer", "other")
+EPOCHS = 2  # slow_rank.py's runs, but for taskset's
 
 
 def run_case(case: str, out: Path) -> tuple[str, list[list[dict[str, Any]]]]:
@@ -41,20 +42,30 @@ def test_a_rank_sleeping_in_its_step_is_named_with_the_phase_and_its_memory(
     tmp_path: Path,
 ) -> None:
     output, [history] = run_case("sleep", tmp_path)
-    [line] = stragglers(output)  # said once, though both epochs show it
+    # Once: epoch 1 is the warm-up, not judged, so only epoch 2 can name it here; that a
+    # straggler is said once over many judged epochs is tested in tests/unit/train.
+    [line] = stragglers(output)
     found = re.search(r"rank 1 is (\d+)% slower than the median rank: \+([\d.]+) ms per step "
                       r"computing", line)  # fmt: skip
     assert found, line
-    assert 35 <= float(found[2]) <= 60  # the 40 ms sleep
+    # The 40 ms sleep, less what the load adds to rank 0's compute: measured +31.9 to +45.0 ms
+    # in 8 runs on a 2-core machine at load average 5-12 (other suites running); balanced
+    # ranks' excess under that load was +0.6 to +8 ms, so 25 still tells the sleep from noise.
+    assert 25 <= float(found[2]) <= 60
     assert "rank 1 peaks at" in output  # the 400 MB it holds
+    assert len(history) == EPOCHS  # before the checks of each epoch: none would pass too
     for epoch in history:
         phases = [epoch[f"time/{phase}_ms"] for phase in PHASES]
         assert sum(phases) == pytest.approx(epoch["time/step_ms"])
         assert epoch["time/slowest_rank"] == 1.0 and epoch["mem/peak_rank"] == 1.0
         assert epoch["time/work_ms_max"] - epoch["time/work_ms_min"] > 35
+    # Rank 0's line for each epoch, once and in order, before what each must show.
     epoch_lines = [line for line in worker_lines(output) if line.startswith("epoch ")]
-    assert all(re.search(r"ms/step: data [\d.]+, compute", line) for line in epoch_lines)
-    assert all("peak memory" in line and "(rank 1)" in line for line in epoch_lines)
+    numbers = [f"{n}/{EPOCHS}" for n in range(1, EPOCHS + 1)]
+    assert [line.split()[1] for line in epoch_lines] == numbers, output
+    for line in epoch_lines:
+        assert re.search(r"ms/step: data [\d.]+, compute", line), line
+        assert re.search(r"peak memory \d+ MB \(rank 1\)\)$", line), line
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin ranks to")
@@ -70,6 +81,7 @@ def test_a_slow_dataset_is_called_data_bound_once_with_the_advice(tmp_path: Path
     [line] = [line for line in output.splitlines() if "data-bound:" in line]  # once
     assert "num_workers=0" in line and "persistent_workers=True" in line
     assert stragglers(output) == []  # every rank waits alike
+    assert len(history) == EPOCHS
     for epoch in history:  # 16 samples of 5 ms per step
         assert 75 <= epoch["time/data_ms"] <= 0.97 * epoch["time/step_ms"]
 
