@@ -1,16 +1,20 @@
 """Checkpoints written in the background, for real: a 2-worker job killed while they are written.
 
 tests/scripts/async_saves.py checkpoints about 57 MB every 2 steps with ``async_save=True``.
-The test watches its checkpoint folder for a write in flight (a temporary file) and kills the
-whole job with SIGKILL a random moment later, again and again: every next run must resume
-from the newest complete checkpoint, and the last must end bit-identical to a run never
-interrupted. A SIGTERM during a write must let that write complete (the ranks agree on the
-stop at a later step, about a second on), write the stop's checkpoint, then exit 75. The
+The uninterrupted runs check that a write is still in flight while training goes on (the
+script's slow disk completes its first write only once training took a later step) and time
+every write. The kill test waits until a job completed a checkpoint of its own and started
+writing the next, then kills the whole job (the launcher and each worker) with SIGKILL a
+random moment inside that write, again and again: the write must be left torn, every next run
+must resume from the newest complete checkpoint, and the last must end bit-identical to a run
+never interrupted. A SIGTERM during a write must let that write complete (the ranks agree on
+the stop at a later step, about a second on), write the stop's checkpoint, then exit 75. The
 same kills hit an FSDP job, whose every rank writes its shards in the background.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -72,25 +77,54 @@ def final_state(out: Path) -> dict[str, torch.Tensor]:
     return loaded
 
 
-def uninterrupted(folder: Path, strategy: str) -> dict[str, torch.Tensor]:
-    output = finish(start(folder / "ck", folder / "out.pt", strategy))
+def write_times(folder: Path, job: subprocess.Popen[str]) -> list[float]:
+    """How long each of the job's writes took, from its temporary file's (or directory's)
+    appearance to its rename, as this poll sees them until the job ends."""
+    seen: dict[str, list[float]] = {}  # name: [first seen, last seen]
+    while job.poll() is None:
+        now = time.monotonic()
+        for name in temporaries(folder):
+            seen.setdefault(name, [now, now])[1] = now
+        time.sleep(0.002)
+    return [last - first for first, last in seen.values()]
+
+
+class Reference(NamedTuple):
+    """An uninterrupted run: its final parameters, and its shortest write in seconds."""
+
+    state: dict[str, torch.Tensor]
+    shortest_write_s: float
+
+
+def uninterrupted(folder: Path, strategy: str) -> Reference:
+    job = start(folder / "ck", folder / "out.pt", strategy)
+    writes = write_times(folder / "ck", job)
+    output = finish(job)
     assert "saved" in output and DONE in output, output
     copied = re.search(
         r"async_save: each save is copied to CPU memory \((\d+) MB on this rank", output
     )
     expected_mb = {"ddp": 54, "fsdp": 27}[strategy]  # 4.7M parameters and Adam's 2 moments
     assert copied and abs(int(copied[1]) - expected_mb) <= 2, output
-    return final_state(folder / "out.pt")
+    # What async_save is for: training goes on while the checkpoint is written. A save that
+    # holds training up (a synchronous one) passes every other check of this file.
+    overlap = re.search(
+        r"step (\d+)'s checkpoint was still being written after (\d+) steps", output
+    )
+    said = "training did not go on while the first checkpoint was written"
+    assert overlap and int(overlap[2]) > int(overlap[1]), f"{said}:\n{output}"
+    assert len(writes) >= 5 * int(EPOCHS), writes  # of 10 an epoch (a stalled poll misses one)
+    return Reference(final_state(folder / "out.pt"), min(writes))
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     return uninterrupted(tmp_path_factory.mktemp("reference"), "ddp")
 
 
 @pytest.mark.timeout(900)
 def test_kill_9_during_background_writes_resumes_from_the_newest_complete_one(
-    tmp_path: Path, reference: dict[str, torch.Tensor]
+    tmp_path: Path, reference: Reference
 ) -> None:
     kill_during_writes_then_finish(tmp_path, "ddp", KILLS, reference)
 
@@ -102,34 +136,78 @@ def test_kill_9_during_sharded_background_writes_resumes_bit_identical(tmp_path:
 
 
 def kill_during_writes_then_finish(
-    tmp_path: Path, strategy: str, count: int, reference: dict[str, torch.Tensor]
+    tmp_path: Path, strategy: str, count: int, reference: Reference
 ) -> None:
     folder, out, chance = tmp_path / "ck", tmp_path / "out.pt", random.Random(0)
-    kills = 0
-    while kills < count:
-        newest = (
-            list_checkpoints(folder)[-1] if folder.is_dir() and list_checkpoints(folder) else None
-        )
+    # The kill comes a random moment within the first quarter of the uninterrupted run's
+    # shortest write: writes spread about 3x within one run on a loaded 2-core machine
+    # (DDP's 57 MB: 0.17-0.51 s; FSDP's shards: 0.48-0.95 s, measured), so even a write that
+    # is faster than any seen is still in flight. The torn write left behind proves it was.
+    inside_s = reference.shortest_write_s / 4
+    newest: Path | None = None  # the newest complete checkpoint: the next run's start
+    for _ in range(count):
         job = start(folder, out, strategy)
-        if wait_for_a_write(folder, job) is None:
-            break  # the job finished before another write: nothing left to interrupt
-        time.sleep(chance.uniform(0, 0.05))  # somewhere inside the write
-        os.killpg(job.pid, signal.SIGKILL)
+        torn = kill_inside_a_write(folder, job, chance.uniform(0, inside_s))
         output = finish(job)
-        if newest is not None:  # this run started from the newest complete checkpoint
-            assert f"resumed from {newest}" in output, output
-        kills += 1
-    assert kills == count
-    newest = list_checkpoints(folder)[-1]
+        resumed = re.findall(r"resumed from (\S+) ", output)
+        assert resumed == ([str(newest)] if newest else []), output  # the newest, or none yet
+        assert (folder / torn).exists(), (torn, output)  # the kill came inside this write
+        complete = list_checkpoints(folder)
+        assert complete and complete[-1] != newest, output  # and after one of this run's
+        newest = complete[-1]
     output = finish(start(folder, out, strategy))
     assert f"resumed from {newest}" in output and DONE in output, output
+    assert temporaries(folder) == set()  # the torn writes were removed
     final = final_state(out)
-    assert [k for k in reference if not torch.equal(reference[k], final[k])] == []
+    assert [k for k in reference.state if not torch.equal(reference.state[k], final[k])] == []
+
+
+def kill_inside_a_write(folder: Path, job: subprocess.Popen[str], delay_s: float) -> str:
+    """Once the job completed a checkpoint of its own and started writing the next one,
+    SIGKILL the job ``delay_s`` later; the temporary file of the write it was in."""
+    before = set(list_checkpoints(folder)) if folder.is_dir() else set()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and job.poll() is None:
+        # Its own checkpoint first: resuming removed what the killed run before left, and
+        # a rename is atomic, so a temporary file seen after it is a later write's.
+        mine = set(list_checkpoints(folder)) - before if folder.is_dir() else set()
+        writing = temporaries(folder) if mine else set()
+        if writing:
+            workers = children(job.pid)  # looked up first, so that the kill comes on time
+            assert len(workers) == 2, workers
+            time.sleep(delay_s)
+            kill_9(job, workers)
+            return writing.pop()
+        time.sleep(0.002)
+    raise AssertionError(f"no write after a complete checkpoint:\n{finish(job)}")
+
+
+def kill_9(job: subprocess.Popen[str], workers: list[int]) -> None:
+    """SIGKILL to each worker, then to the launcher's process group. torch's launcher starts
+    every worker in a session of its own: killing only the launcher's group would leave the
+    workers their lifeline's SIGTERM, on which they complete their writes and stop cleanly."""
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os.killpg(job.pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc; Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid:  # after the name: the state, then the parent's pid
+            found.append(int(stat.parent.name))
+    return found
 
 
 @pytest.mark.timeout(600)
 def test_sigterm_during_a_background_write_completes_it_and_exits_75(
-    tmp_path: Path, reference: dict[str, torch.Tensor]
+    tmp_path: Path, reference: Reference
 ) -> None:
     folder, out = tmp_path / "ck", tmp_path / "out.pt"
     job = start(folder, out)
@@ -146,4 +224,4 @@ def test_sigterm_during_a_background_write_completes_it_and_exits_75(
     again = finish(start(folder, out))
     assert "resumed from" in again and DONE in again, again
     final = final_state(out)
-    assert [k for k in reference if not torch.equal(reference[k], final[k])] == []
+    assert [k for k in reference.state if not torch.equal(reference.state[k], final[k])] == []
