@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,3 +62,26 @@ def rank_of(pid: int) -> int | None:
         return None
     found = [v for v in environ if v.startswith(b"RANK=")]
     return int(found[0][5:]) if found else None
+
+
+def kill_9(job: subprocess.Popen[str], workers: list[int]) -> None:
+    """SIGKILL to each worker, then to the launcher's process group. torch's launcher starts
+    every worker in a session of its own: killing only the launcher's group would leave the
+    workers their lifeline's SIGTERM, on which they complete their writes and stop cleanly."""
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os.killpg(job.pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc; Linux)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid:  # after the name: the state, then the parent's pid
+            found.append(int(stat.parent.name))
+    return found

@@ -10,7 +10,6 @@ resumed from the bucket.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 from ddpkit.checkpoint.background import wait_for_writes
 from ddpkit.checkpoint.store import COMMIT_SUFFIX, ObjectFolder, checkpoint_folder
 from ddpkit.errors import CheckpointError
+from helpers.jobs import children, kill_9
 from helpers.launch_helpers import REPO, SCRIPTS
 from helpers.resume_helpers import Interrupted, train
 from helpers.s3_server import s3_environment, s3_server
@@ -149,8 +149,9 @@ def test_a_two_worker_job_killed_with_sigkill_resumes_from_the_bucket_bit_identi
         while names(url)[-1:] == before and time.monotonic() < deadline:
             time.sleep(0.05)  # until a newer checkpoint reached the bucket
         time.sleep(0.1 * kill)  # then somewhere in the steps and writes after it
-        assert job.poll() is None, job.communicate()[0]
-        os.killpg(job.pid, signal.SIGKILL)
+        workers = children(job.pid)
+        assert job.poll() is None and len(workers) == 2, (workers, job.communicate()[0])
+        kill_9(job, workers)  # the workers too: on the launcher's SIGTERM they would save
         output, _ = job.communicate(timeout=60)
         assert kill == 0 or f"resumed from {url}/{before[0]}" in output, output
     newest = names(url)[-1]

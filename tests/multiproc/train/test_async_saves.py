@@ -14,7 +14,6 @@ same kills hit an FSDP job, whose every rank writes its shards in the background
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import re
@@ -30,6 +29,7 @@ import torch
 
 from ddpkit._core.protocol import PREEMPTED_EXIT_CODE
 from ddpkit.checkpoint import list_checkpoints
+from helpers.jobs import children, kill_9
 from helpers.launch_helpers import REPO, SCRIPTS
 
 pytestmark = pytest.mark.multiproc
@@ -180,29 +180,6 @@ def kill_inside_a_write(folder: Path, job: subprocess.Popen[str], delay_s: float
             return writing.pop()
         time.sleep(0.002)
     raise AssertionError(f"no write after a complete checkpoint:\n{finish(job)}")
-
-
-def kill_9(job: subprocess.Popen[str], workers: list[int]) -> None:
-    """SIGKILL to each worker, then to the launcher's process group. torch's launcher starts
-    every worker in a session of its own: killing only the launcher's group would leave the
-    workers their lifeline's SIGTERM, on which they complete their writes and stop cleanly."""
-    for pid in workers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    os.killpg(job.pid, signal.SIGKILL)
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc; Linux)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        if int(fields[1]) == pid:  # after the name: the state, then the parent's pid
-            found.append(int(stat.parent.name))
-    return found
 
 
 @pytest.mark.timeout(600)
