@@ -24,7 +24,7 @@ NPROC       ?= 2
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
-.PHONY: demo test test-oldest check lint typecheck unit lock lock-main lock-oldest clean
+.PHONY: demo test test-oldest check lint typecheck unit gpu-check lock lock-main lock-oldest clean
 
 demo: $(VENV)/.examples-installed
 	rm -rf runs/wine-demo  # the demo trains from scratch each time; its own scratch folder
@@ -43,6 +43,14 @@ test-oldest: $(OLDEST_VENV)/.test-installed
 	  -p no:cacheprovider tests/unit src/ddpkit $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
 	  -p no:cacheprovider -m oldest_torch tests/multiproc $(PYTEST_ARGS)
+
+# On a GPU machine, with its own Python and nothing installed (docs/development.md): the GPU
+# tier and the GPU parity benchmark, at most 8 minutes on one GPU, a summary in GPU_CHECK_OUT.
+# Without a GPU it is a dry run that proves the wiring (under a minute).
+GPU_PYTHON    ?= python3
+GPU_CHECK_OUT ?= runs/gpu-check
+gpu-check:
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(GPU_PYTHON) benchmarks/gpu_check.py --out $(GPU_CHECK_OUT)
 
 # The edit-test loop (under 2 minutes): lint, types, the unit tier and the doctests.
 check: $(VENV)/.test-installed lint typecheck unit

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import ddpkit
@@ -37,10 +38,12 @@ def data(n: int = 40, bad_sample: int | None = None) -> TensorDataset:
     return TensorDataset(features, torch.randint(0, 3, (n,), generator=generator))
 
 
-def setting(case: str, checkpoint_dir: str | None) -> tuple[Any, dict[str, Any], Any]:
+def setting(
+    case: str, checkpoint_dir: str | None, precision: str = "bf16"
+) -> tuple[Any, dict[str, Any], Any]:
     """The loader, the loop's options and the loss function of ``case``."""
     if case == "mixed":
-        options = {"accumulate": 2, "precision": "bf16", "nonfinite_loss": "skip",
+        options = {"accumulate": 2, "precision": precision, "nonfinite_loss": "skip",
                    "save_every_steps": 3 if checkpoint_dir else None}  # fmt: skip
         return ddpkit.prepare_loader(data(bad_sample=7), batch_size=4), options, F.cross_entropy
     mine = range(0, 20) if ddpkit.get_rank() == 0 else range(20, 60)
@@ -48,13 +51,19 @@ def setting(case: str, checkpoint_dir: str | None) -> tuple[Any, dict[str, Any],
     return loader, {"save_every_steps": 2}, F.cross_entropy
 
 
-def train(face: str, case: str, epochs: int, checkpoint_dir: str | None) -> dict[str, Any]:
+def train(
+    face: str, case: str, epochs: int, checkpoint_dir: str | None, **how: Any
+) -> dict[str, Any]:
+    """``how``: ``strategy``, ``compile`` (prepare_model's) and ``precision`` (the mixed case's;
+    the GPU tier trains every one of them on CUDA)."""
     torch.manual_seed(0)
     model = ddpkit.prepare_model(
-        nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+        nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3)),
+        how.get("strategy", "ddp"),
+        compile=how.get("compile", False),
     )
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    loader, options, loss_fn = setting(case, checkpoint_dir)
+    loader, options, loss_fn = setting(case, checkpoint_dir, how.get("precision", "bf16"))
     if face == "trainer":
         run: Any = ddpkit.Trainer(model, opt, loss_fn, checkpoint_dir, **options)
         run.fit(loader, epochs=epochs)
@@ -66,10 +75,12 @@ def train(face: str, case: str, epochs: int, checkpoint_dir: str | None) -> dict
                     loss = loss_fn(model(x), y)
                 run.backward(loss)
                 run.optimizer_step()
-    state = {
-        k: v.detach().cpu().clone() for k, v in ddpkit.unwrap_model(model).state_dict().items()
+    state = {  # FSDP's shards are gathered: every rank takes part
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+        for k, v in ddpkit.unwrap_model(model).state_dict().items()
     }
     return {"state": state, "steps": run.step, "skipped": run.skipped_steps,
+            "device": str(next(model.parameters()).device), "history": run.history,
             "losses": [h["loss"] for h in run.history],
             "samples": [h["samples"] for h in run.history]}  # fmt: skip
 

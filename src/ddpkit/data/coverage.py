@@ -87,7 +87,8 @@ def describe_coverage(report: dict[str, Any]) -> str:
     size, ranks, per_rank = report["dataset"], report["ranks"], report["per_rank"]
     base = f"{size} samples, "
     if report["verdict"] == "ok":
-        text = f"{base}each exactly once per epoch across {ranks} ranks ({_per_rank(per_rank)})"
+        across = f"{ranks} rank{'s' if ranks != 1 else ''}"
+        text = f"{base}each exactly once per epoch across {across} ({_per_rank(per_rank)})"
         return text + _padding_note(report["expected_repeats"])
     return base + _problem(report)
 

@@ -1,10 +1,11 @@
 """``strategy="ddp"`` (the default): torch's ``DistributedDataParallel``.
 
 Every rank holds a replica, gradients are averaged by all-reduce during ``backward()``, and
-rank 0's initial weights are broadcast at wrap time so replicas start identical. In a world
-of one there is nothing to average, so the model is left unwrapped; the training code is the
-same either way. DDP's own options pass through unchanged, and ``comm_hook`` compresses the
-gradient traffic (see :mod:`ddpkit.parallel.commhooks`).
+rank 0's initial weights are broadcast at wrap time so replicas start identical. A launched
+world of one (``ddpkit run --nproc 1``) wraps too, so one GPU runs what N run; only a process
+with no process group (plain ``python train.py``) leaves the model unwrapped, and the training
+code is the same either way. DDP's own options pass through unchanged, and ``comm_hook``
+compresses the gradient traffic (see :mod:`ddpkit.parallel.commhooks`).
 
 Example:
     >>> sorted(DDP.options)[:2]
@@ -21,8 +22,9 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import ModuleWrapperStrategy
+from ddpkit.parallel.base import ModuleWrapperStrategy, has_process_group
 from ddpkit.parallel.commhooks import register_comm_hook
+from ddpkit.parallel.compiled import uncompiled
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -51,7 +53,7 @@ class DistributedDataParallelStrategy(ModuleWrapperStrategy):
 
     def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
         model = model.to(world.device)
-        if world.world_size == 1:
+        if not has_process_group():
             return model
         comm_hook = options.pop("comm_hook", None)
         device_ids = [world.device.index] if world.device.type == "cuda" else None
@@ -61,11 +63,13 @@ class DistributedDataParallelStrategy(ModuleWrapperStrategy):
         return wrapped
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        model = uncompiled(model)  # compile=True: DDP is inside torch.compile's wrapper
         assert isinstance(model, DistributedDataParallel)
         return model.no_sync()
 
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         # Ranks that run out of batches first keep answering the others' all-reduces.
+        model = uncompiled(model)
         assert isinstance(model, DistributedDataParallel)
         return Join([model])
 

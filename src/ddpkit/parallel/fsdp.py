@@ -8,8 +8,9 @@ the shards. By default the whole model is one unit; pass the block classes of a 
 (``fsdp_units=(TransformerBlock,)``) so only one block is gathered at a time, as torchtitan
 does. Rank 0's initial weights are broadcast before sharding, so every rank starts from the
 same model even when each built it with a different random seed. It works on CPU with gloo.
-In a world of one there is nothing to shard over, so the model is left whole, as DDP leaves
-it unwrapped; the training code is the same either way.
+A launched world of one (``ddpkit run --nproc 1``) shards over its one rank, so one GPU runs
+the sharded path (DTensors, sharded checkpoints) that N run; only a process with no process
+group leaves the model whole, as DDP leaves it unwrapped.
 
 torch's FSDP package (with DTensor) takes most of a second to import, so it is imported when
 a model is sharded, not before: a job that never asks for FSDP never pays for it.
@@ -32,7 +33,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy
+from ddpkit.parallel.base import Strategy, has_process_group
+from ddpkit.parallel.compiled import uncompiled
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -61,7 +63,7 @@ class FullyShardedStrategy(Strategy):
         return is_sharded(model)
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return _no_gradient_sync(model)
+        return _no_gradient_sync(uncompiled(model))
 
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Gathered to CPU on every rank (a collective: all ranks call it)."""
@@ -92,7 +94,7 @@ def shard_model(
     """
     check_units(units)
     model = model.to(world.device)
-    if world.world_size == 1:
+    if not has_process_group():
         return model
     from torch.distributed.fsdp import fully_shard  # only when a model is sharded
 

@@ -86,7 +86,11 @@ class EpochProgress:
         """Add the batch's metrics (recorded, else its loss) to the sums; returns them."""
         loss = {} if self._loss is None else {"loss": self._loss}
         metrics, samples = self._recorded or (loss, None)
-        self.sums.add(metrics, samples if samples is not None else batch_size_of(batch))
+        count = samples if samples is not None else batch_size_of(batch)
+        if self._loss is not None:
+            self.sums.add(*only_if_finite(self._loss, metrics, count))
+        else:
+            self.sums.add(metrics, count)
         self._loss, self._recorded = None, None
         return metrics
 
@@ -197,6 +201,22 @@ def loader_generator_state(loader: Any) -> torch.Tensor | None:
     """
     generator = getattr(loader, "generator", None)
     return generator.get_state() if isinstance(generator, torch.Generator) else None
+
+
+def only_if_finite(
+    loss: torch.Tensor, metrics: dict[str, Any], samples: Any
+) -> tuple[dict[str, Any], Any]:
+    """``metrics`` and ``samples``, or zeros when ``loss`` is NaN/inf: a batch whose step was
+    skipped (``nonfinite_loss="skip"``) is left out of the epoch's means and sample count
+    (its NaN would make the epoch's loss NaN). On the device: nothing waits for the GPU.
+
+    Example:
+        >>> only_if_finite(torch.tensor(float("nan")), {"loss": torch.tensor(float("nan"))}, 4)
+        ({'loss': tensor(0.)}, tensor(0.))
+    """
+    finite = torch.isfinite(loss)
+    kept = {name: torch.where(finite, value, 0.0) for name, value in metrics.items()}
+    return kept, torch.where(finite, float(samples), 0.0)
 
 
 def skip_batches(loader: Any, count: int) -> Iterator[Any]:

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import ddpkit
 from helpers import mp_workers
+from helpers.gpus import needs_gpus
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
-]
+pytestmark = needs_gpus(2)
 
 
 def test_sync_batchnorm_converts_on_gpus() -> None:

@@ -16,11 +16,9 @@ import torch
 
 import ddpkit
 from ddpkit.train.steptime import Phase, StepClock
+from helpers.gpus import needs_gpus
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = needs_gpus(1)
 
 
 def gpu_seconds(work: torch.nn.Module, x: torch.Tensor) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -177,10 +178,14 @@ def test_skip_policy_skips_the_step_and_training_goes_on(
     model = nn.Linear(6, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = ddpkit.Trainer(model, opt, nan_at_step(3), nonfinite_loss="skip")
-    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
+    history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
     assert trainer.skipped_steps == 1 and trainer.step == 10
     assert all(torch.isfinite(p).all() for p in model.parameters())
-    assert "skipped step 3: loss is nan on rank 0" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "skipped step 3: loss is nan on rank 0" in out
+    # The skipped batch is left out of its epoch's mean loss and sample count (was: loss nan)
+    assert [h["samples"] for h in history] == [32.0, 40.0], history
+    assert all(math.isfinite(h["loss"]) for h in history) and "loss nan" not in out, out
 
 
 def test_stop_signals_are_caught_only_inside_and_handlers_come_back() -> None:

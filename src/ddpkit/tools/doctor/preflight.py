@@ -301,7 +301,8 @@ def batch_advice(setup: Mapping[str, Any]) -> Check:
         return Check("batch and lr", SKIP, "the run reported no batch size (no batch_size)")
     base = setup.get("base_batch") or _assumed_base(setup)
     scaling = setup.get("lr_scaling") or "none"
-    numbers = f"{_batch_text(setup)}; lr {setup.get('lr')}"
+    lr = setup.get("lr")  # 3e-4 scaled by a batch ratio reads 0.00030000000000000003
+    numbers = f"{_batch_text(setup)}; lr {f'{lr:.6g}' if isinstance(lr, float) else lr}"
     if global_batch == base or scaling != "none":
         return Check("batch and lr", PASS, f"{numbers} (base batch {base}, lr_scaling {scaling})")
     return Check(

@@ -55,7 +55,8 @@ def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
         return value if default is None else default
 
     parser.add_argument("--workers", type=int, default=pick(2), metavar="N",
-                        help="workers to compare with one process (default: 2)")  # fmt: skip
+                        help="workers to compare with one process (default: 2; 1: the DDP/FSDP "
+                             "wrapper alone against the plain model, as on one GPU)")  # fmt: skip
     parser.add_argument("--steps", type=int, default=pick(DEFAULT_STEPS), metavar="K",
                         help=f"optimizer steps to compare (default: {DEFAULT_STEPS})")  # fmt: skip
     parser.add_argument("--then", type=int, default=pick(None), metavar="M",
@@ -104,10 +105,10 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
 
 
 def _check_counts(values: dict[str, Any]) -> None:
-    if values["workers"] < 2:
-        raise ConfigError(
-            f"--workers must be at least 2 to compare with one process (got {values['workers']})"
-        )
+    # One worker is launched and wrapped (DDP/FSDP over a group of one): against the plain
+    # process it checks what the wrapper changes, the one comparison a single GPU allows.
+    if values["workers"] < 1:
+        raise ConfigError(f"--workers must be at least 1 (got {values['workers']})")
     if values["then"] is not None and values["then"] < 1:
         raise ConfigError(f"--then must be at least 1 worker (got {values['then']})")
     for flag in ("steps", "check_every"):

@@ -256,7 +256,10 @@ def _replica_finding(run: Record) -> Finding:
     if not checked:
         return Finding("replicas", True, "not checked (one rank, or FSDP shards the weights)")
     return Finding(
-        "replicas", True, f"identical on {run['world_size']} ranks at {len(checked)} checks"
+        "replicas",
+        True,
+        f"identical on {run['world_size']} rank{'s' if run['world_size'] != 1 else ''} "
+        f"at {len(checked)} checks",
     )
 
 

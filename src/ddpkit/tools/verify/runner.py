@@ -280,6 +280,7 @@ def _report(
 
 
 def _workers_text(config: VerifyConfig) -> str:
+    workers = f"{config.workers} worker{'s' if config.workers > 1 else ''}"
     if config.then is None:
-        return f"{config.workers} workers"
-    return f"{config.workers} workers then {config.then} from step {max(1, config.steps // 2)}"
+        return workers
+    return f"{workers} then {config.then} from step {max(1, config.steps // 2)}"
