@@ -1,6 +1,6 @@
 """What the step-time breakdown costs a training step, measured side by side in the same workers.
 
-The breakdown (``ddpkit.train.steptime``) is always on: a clock read at each move of a step,
+The breakdown (``ddpkit.observe.steptime``) is always on: a clock read at each move of a step,
 one gradient hook, and every 50 steps and at each epoch's end one all-gather of 8 numbers
 per rank plus the memory peak read. Separate runs differ by more than that on a shared
 machine, so each of 2 workers trains the parity benchmark's model (benchmarks/parity.py)

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ddpkit.data.samples import sample_generator
     from ddpkit.env.world import World
     from ddpkit.launch.launcher import spawn
+    from ddpkit.observe.explog import ExperimentLog
+    from ddpkit.observe.trackers import MLflowLogger, Tracker, WandbLogger
     from ddpkit.parallel.strategy import prepare_model, unwrap_model
     from ddpkit.runtime.callbacks import Callback
     from ddpkit.runtime.collectives import (
@@ -54,9 +56,7 @@ if TYPE_CHECKING:
     from ddpkit.runtime.seeding import seed_everything
     from ddpkit.runtime.session import current_world, init, shutdown
     from ddpkit.runtime.watchdog import watch
-    from ddpkit.train.explog import ExperimentLog
     from ddpkit.train.loop import TrainLoop
-    from ddpkit.train.trackers import MLflowLogger, Tracker, WandbLogger
     from ddpkit.train.trainer import Trainer
 
 __version__ = "0.1.0"
@@ -88,11 +88,11 @@ _LAZY = {
     "shutdown": "ddpkit.runtime.session",
     "watch": "ddpkit.runtime.watchdog",
     "Callback": "ddpkit.runtime.callbacks",
-    "ExperimentLog": "ddpkit.train.explog",
+    "ExperimentLog": "ddpkit.observe.explog",
     "TrainLoop": "ddpkit.train.loop",
-    "MLflowLogger": "ddpkit.train.trackers",
-    "Tracker": "ddpkit.train.trackers",
-    "WandbLogger": "ddpkit.train.trackers",
+    "MLflowLogger": "ddpkit.observe.trackers",
+    "Tracker": "ddpkit.observe.trackers",
+    "WandbLogger": "ddpkit.observe.trackers",
     "Trainer": "ddpkit.train.trainer",
 }
 

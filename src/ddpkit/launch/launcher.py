@@ -57,10 +57,10 @@ from ddpkit.errors import (
     RendezvousError,
     StoppedBySignalError,
 )
-from ddpkit.launch.console import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.failures import diagnose, recorded
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
+from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
 

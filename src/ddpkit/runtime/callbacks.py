@@ -3,9 +3,10 @@
 The user's callbacks (``Trainer(callbacks=[...])``, ``TrainLoop(callbacks=[...])``), ddpkit's
 own listeners (the experiment log, the bench report) and the tools' observers (``ddpkit
 verify``'s recorder) are all :class:`Callback` subclasses, called through one dispatcher
-(:mod:`ddpkit.train.events`) with the same hook names. Hooks run on rank 0 only unless the
-callback sets ``rank_zero_only = False`` (then on every rank, in the same order, so a hook
-may call a collective). A rank-0 hook must not call a collective: the others never join it.
+(:class:`Events`, the run's one event channel) with the same hook names. Hooks run on rank 0
+only unless the callback sets ``rank_zero_only = False`` (then on every rank, in the same
+order, so a hook may call a collective). A rank-0 hook must not call a collective: the others
+never join it.
 
 =========================== ==========================================================
 hook                        when, and with what (``trainer``: the Trainer or TrainLoop)
@@ -41,10 +42,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
 from torch import nn
+
+from ddpkit.errors import ConfigError
+from ddpkit.runtime.collectives import is_main
 
 CallbackT = TypeVar("CallbackT", bound="Callback")
 _registered: list[Callback] = []
@@ -131,3 +135,54 @@ def registered_callbacks() -> tuple[Callback, ...]:
         ()
     """
     return tuple(_registered)
+
+
+class Events:
+    """Calls every listening callback's hook, on the ranks each asks for.
+
+    ``owner`` is what every hook receives first (the loop sets it to its public face).
+
+    Example:
+        >>> Events([object()])
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: callbacks must be ddpkit.Callback instances; got a object
+    """
+
+    def __init__(self, callbacks: Iterable[Any] = (), builtins: Iterable[Callback] = ()) -> None:
+        self.callbacks = list(callbacks)
+        for callback in self.callbacks:
+            if not isinstance(callback, Callback):
+                raise ConfigError(
+                    f"callbacks must be ddpkit.Callback instances; got a {type(callback).__name__}"
+                )
+        self.callbacks += list(builtins)
+        self.owner: Any = None
+        self._listening: dict[str, list[Callback]] = {}
+
+    def call(self, hook: str, *args: Any) -> list[Any]:
+        """Run ``hook`` of every callback that overrides it and runs on this rank; their
+        return values, in order.
+
+        Example:
+            >>> Events().call("on_fit_end")
+            []
+        """
+        callbacks = self._listening.get(hook)
+        if callbacks is None:  # the same for the whole run: found once
+            callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
+        registered = registered_callbacks()  # usually none: nothing to look at per batch
+        if registered:
+            callbacks = callbacks + _listeners(registered, hook)
+        return [getattr(callback, hook)(self.owner, *args) for callback in callbacks]
+
+
+def _listeners(callbacks: Iterable[Callback], hook: str) -> list[Callback]:
+    assert hook in HOOKS, hook
+    main = is_main()
+    return [
+        callback
+        for callback in callbacks
+        if (main or not callback.rank_zero_only)
+        and getattr(type(callback), hook) is not getattr(Callback, hook)
+    ]

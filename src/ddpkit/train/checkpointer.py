@@ -12,7 +12,7 @@ Resuming takes the newest checkpoint that every rank can load and whose checksum
 truncated, corrupted or unsafe one is reported, renamed ``*.invalid`` and the previous one is
 used; if none is usable the run stops instead of starting over. A checkpoint of a different
 model (another job sharing the folder: each checkpoint records the names, dtypes and shapes
-of the model's tensors, :mod:`ddpkit.train.signature`), or in a format this ddpkit does not
+of the model's tensors, :mod:`ddpkit.checkpoint.signature`), or in a format this ddpkit does not
 know, is refused by name and left as it is.
 
 Example:
@@ -44,15 +44,15 @@ from ddpkit.checkpoint.background import (
 from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.checkpoint.signature import check_same_model, model_signature
 from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder, prune
 from ddpkit.errors import CheckpointError, ConfigError
-from ddpkit.parallel.strategy import strategy_of
+from ddpkit.parallel.strategy import strategy_of, unwrap_model
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.session import current_world
-from ddpkit.train.console import RunSetup
 from ddpkit.train.options import CheckpointOptions
 from ddpkit.train.progress import EpochProgress, loader_generator_state
-from ddpkit.train.signature import check_same_model, model_signature
+from ddpkit.train.setup import RunSetup
 from ddpkit.train.state import upgrade
 
 _SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
@@ -131,7 +131,7 @@ class Checkpointer:
         extra = {
             "progress": progress.state_dict() if progress is not None else None,
             "ranks": gather_from_ranks(mine),
-            "model_signature": model_signature(run.model),
+            "model_signature": model_signature(unwrap_model(run.model)),
             "batch": run.setup.batch_facts() if run.setup is not None else None,
         }
         if strategy_of(run.model).sharded:  # every rank writes its shards
@@ -249,7 +249,7 @@ class Checkpointer:
     ) -> EpochProgress:
         where = self.folder.location(name)
         state = upgrade(state, where)
-        check_same_model(state.get("model_signature"), run.model, where)
+        check_same_model(state.get("model_signature"), unwrap_model(run.model), where)
         if name.endswith(".dcp"):
             _sharded().load_sharded(run.model, list(run.optimizers.values()), self._local() / name)
         run.load_state_dict(state)

@@ -55,15 +55,16 @@ from ddpkit.checkpoint.files import Position
 from ddpkit.data.batches import to_device
 from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.callbacks import Callback
+from ddpkit.observe.console import Console
+from ddpkit.observe.explog import experiment_logs
+from ddpkit.observe.rankreport import RankReport
+from ddpkit.observe.steptime import Phase, StepClock
+from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.reporting import BenchReport
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer
-from ddpkit.train.console import Console, RunSetup
-from ddpkit.train.events import Events
-from ddpkit.train.explog import experiment_logs
 from ddpkit.train.guard import StepGuard, join_unless, uneven_shares
 from ddpkit.train.monitor import StepMonitor, backward_label
 from ddpkit.train.options import (
@@ -75,9 +76,8 @@ from ddpkit.train.options import (
 )
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.progress import EpochProgress
-from ddpkit.train.rankreport import RankReport
+from ddpkit.train.setup import RunSetup
 from ddpkit.train.state import RunState
-from ddpkit.train.steptime import Phase, StepClock
 from ddpkit.train.stop import Stop, StopKind, StopSignals, leave
 from ddpkit.train.update import Updater
 

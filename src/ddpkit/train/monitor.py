@@ -28,8 +28,8 @@ from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
 from ddpkit.parallel.replicas import check_replicable, check_replicas
 from ddpkit.parallel.strategy import strategy_of
+from ddpkit.runtime.callbacks import Events
 from ddpkit.runtime.watchdog import current_watchdog
-from ddpkit.train.events import Events
 from ddpkit.train.stop import Stop, StopKind
 
 

@@ -93,7 +93,7 @@ class LoopOptions:
 class LogOptions:
     """What the run shows: a line every ``log_every`` optimizer steps on rank 0, the
     experiment log (TensorBoard + CSV) in ``log_dir``, and the trackers of ``loggers``
-    ("mlflow", "wandb" or :class:`~ddpkit.train.trackers.Tracker` objects).
+    ("mlflow", "wandb" or :class:`~ddpkit.observe.trackers.Tracker` objects).
 
     Example:
         >>> LogOptions(log_every=0)

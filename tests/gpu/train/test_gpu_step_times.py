@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ddpkit
-from ddpkit.train.steptime import Phase, StepClock
+from ddpkit.observe.steptime import Phase, StepClock
 from helpers.gpus import needs_gpus
 
 pytestmark = needs_gpus(1)

@@ -3,7 +3,7 @@
 Two charts are the tutorials' figures: training time per world size as bars, and the
 training-loss curves of every size on one axes (the faster runs should train just as well);
 the third shows where a step's time goes at each size, as stacked bars (data, compute,
-exposed sync, optimizer, other: :mod:`ddpkit.train.steptime`). They need matplotlib
+exposed sync, optimizer, other: :mod:`ddpkit.observe.steptime`). They need matplotlib
 (``pip install ddpkit[bench]``); without it they are skipped with a message and everything
 else is still written.
 

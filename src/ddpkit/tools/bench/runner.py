@@ -232,7 +232,7 @@ def _row(size: int, runs: list[RunRecord]) -> dict[str, Any]:
     }
 
 
-PHASES = ("data", "compute", "sync", "optimizer", "other")  # ddpkit.train.steptime's
+PHASES = ("data", "compute", "sync", "optimizer", "other")  # ddpkit.observe.steptime's
 
 
 def _phase_ms(runs: list[RunRecord]) -> dict[str, float] | None:

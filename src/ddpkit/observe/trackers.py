@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError
-from ddpkit.train.wandbfiles import logged_config, logged_steps
+from ddpkit.observe.wandbfiles import logged_config, logged_steps
 
 Point = tuple[str, float, int, float]  # tag, value, step, wall time (s)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import ddpkit
-from ddpkit.train import explog
-from ddpkit.train.explog import ExperimentLog
+from ddpkit.observe import explog
+from ddpkit.observe.explog import ExperimentLog
 
 
 def steps_in(folder: Path, tag: str = "loss") -> list[int]:

@@ -1,7 +1,7 @@
 """Every rank's step times and peak memory side by side, and what they say: who is slow, and why.
 
 :class:`RankTimes` holds one row per rank (milliseconds per step by phase, see
-:mod:`ddpkit.train.steptime`, and the peak memory). Read from it:
+:mod:`ddpkit.observe.steptime`, and the peak memory). Read from it:
 
 - the **breakdown**, the mean over ranks per phase, for the epoch line and the logs;
 - the **straggler**: a rank whose own work per step (data + compute + optimizer: the time it
@@ -35,7 +35,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ddpkit.train.steptime import WORK, Phase, StepTimes
+from ddpkit.observe.steptime import WORK, Phase, StepTimes
 
 SLOWER = 0.5  # a straggler does this much more work per step than the median rank
 MIN_EXCESS_MS = 2.0  # and at least this many milliseconds more

@@ -125,7 +125,7 @@ def _check_mlflow(uri: str, run_id: str) -> None:
 
 
 def _check_wandb(folder: Path, output: str) -> None:
-    from ddpkit.train.wandbfiles import history_rows, offline_run_files
+    from ddpkit.observe.wandbfiles import history_rows, offline_run_files
 
     said = re.search(r"wandb: continuing run (\w+) at step (\d+)", output)
     assert said, output
@@ -141,7 +141,7 @@ def _check_wandb(folder: Path, output: str) -> None:
 def test_a_parameter_changed_on_resume_is_an_mlflow_tag_beside_the_first_value(
     mlflow_uri: str,
 ) -> None:
-    from ddpkit.train.trackers import MLflowLogger
+    from ddpkit.observe.trackers import MLflowLogger
 
     first = MLflowLogger(mlflow_uri, experiment="changed-params")
     first.start(None, step=0)
@@ -168,7 +168,7 @@ def test_a_parameter_changed_on_resume_is_a_wandb_config_key_beside_the_first_va
 ) -> None:
     import wandb
 
-    from ddpkit.train.trackers import WandbLogger
+    from ddpkit.observe.trackers import WandbLogger
 
     first = WandbLogger(project="changed-params", mode="offline", dir=tmp_path)
     first.start(None, step=0)
@@ -198,7 +198,7 @@ def _synced_config(folder: Path, run_id: str) -> dict[str, Any]:
     `wandb sync` replays them onto the one run (a later value of a key replaces the first)."""
     from wandb.proto import wandb_internal_pb2
 
-    from ddpkit.train.wandbfiles import _records, offline_run_files  # W&B's record format
+    from ddpkit.observe.wandbfiles import _records, offline_run_files  # W&B's record format
 
     files = offline_run_files(folder, run_id)  # named by start time: oldest first
     assert len(files) == 2, f"one offline folder per process expected: {files}"

@@ -34,9 +34,9 @@ from typing import Any
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
+from ddpkit.observe.trackers import Tracker, scalar, tracker_from
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
-from ddpkit.train.trackers import Tracker, scalar, tracker_from
 
 CSV_NAME = "metrics.csv"
 _COLUMNS = ["step", "tag", "value", "wall_time"]

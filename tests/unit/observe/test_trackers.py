@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from ddpkit.train.trackers import Point, Tracker, tracker_from
+from ddpkit.observe.trackers import Point, Tracker, tracker_from
 from helpers.mp_workers import toy_dataset, toy_model
 
 
@@ -146,7 +146,7 @@ def test_a_run_id_the_mlflow_server_lacks_starts_a_new_run(
     tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     pytest.importorskip("mlflow", reason="needs mlflow (make test installs it)")
-    from ddpkit.train.trackers import MLflowLogger
+    from ddpkit.observe.trackers import MLflowLogger
 
     tracker = MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     tracker.start("0123456789abcdef0123456789abcdef", step=5)  # another server's run

@@ -16,13 +16,13 @@ from typing import Any
 from torch import nn
 
 from ddpkit.errors import CheckpointError
-from ddpkit.parallel.strategy import unwrap_model
 
 _SHOWN = 3  # differences named when a checkpoint of another model is refused
 
 
 def model_signature(model: nn.Module) -> dict[str, str]:
-    """``{name: "dtype[shape]"}`` for every tensor of the (unwrapped) model's state.
+    """``{name: "dtype[shape]"}`` for every tensor of the model's state (pass the user's module,
+    not its DDP wrapper, whose names carry a ``module.`` prefix).
 
     FSDP's sharded parameters report their whole shape, so every rank signs alike.
 
@@ -32,7 +32,7 @@ def model_signature(model: nn.Module) -> dict[str, str]:
     """
     return {
         name: f"{str(value.dtype).removeprefix('torch.')}{list(value.shape)}"
-        for name, value in unwrap_model(model).state_dict().items()
+        for name, value in model.state_dict().items()
         if hasattr(value, "shape")
     }
 

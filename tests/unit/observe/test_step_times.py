@@ -14,12 +14,12 @@ import pytest
 import torch
 
 import ddpkit
+from ddpkit.observe import rankreport
+from ddpkit.observe.console import format_epoch
+from ddpkit.observe.rankreport import RankReport, data_advice
+from ddpkit.observe.ranktimes import RankTimes, times_row
+from ddpkit.observe.steptime import GradsReady, Phase, StepClock, StepTimes
 from ddpkit.runtime.memory import peak_memory_bytes, reset_peak_memory
-from ddpkit.train import rankreport
-from ddpkit.train.console import format_epoch
-from ddpkit.train.rankreport import RankReport, data_advice
-from ddpkit.train.ranktimes import RankTimes, times_row
-from ddpkit.train.steptime import GradsReady, Phase, StepClock, StepTimes
 
 MB = 2**20
 

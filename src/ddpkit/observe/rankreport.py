@@ -1,6 +1,6 @@
 """Sharing the ranks' step times (one small all-gather) and saying what they show, on rank 0.
 
-Every rank's :class:`~ddpkit.train.steptime.StepClock` runs on its own; every
+Every rank's :class:`~ddpkit.observe.steptime.StepClock` runs on its own; every
 ``window`` optimizer steps (when every rank is at the same step) and at each epoch's end, a
 :class:`RankReport` gathers one row of 8 numbers per rank (steps, wall time, four
 timed phases, the quicker steps' own work, peak memory). Rank 0 then shows the breakdown
@@ -27,11 +27,11 @@ import torch
 
 from ddpkit._core.log import logger
 from ddpkit._core.system import usable_cores
+from ddpkit.observe.ranktimes import RankTimes, times_row
+from ddpkit.observe.steptime import StepClock
 from ddpkit.runtime.collectives import all_gather_same, is_main
 from ddpkit.runtime.memory import peak_memory_bytes, reset_peak_memory
 from ddpkit.runtime.session import current_world
-from ddpkit.train.ranktimes import RankTimes, times_row
-from ddpkit.train.steptime import StepClock
 
 HOST_BYTES = 64  # host names are shared as this many bytes (longer ones are cut)
 # A process's first shared times are not judged for a straggler: its first steps run while it
