@@ -1,6 +1,6 @@
 """What a run shows as it goes: the start-up line, tqdm's bar, a line every N steps, epoch lines.
 
-The start-up line is the run's set-up (``ddpkit.train.setup.RunSetup``: strategy, global
+The start-up line is the run's set-up (``ddpkit.observe.runsetup.RunSetup``: strategy, global
 batch, learning rates, precision, the sampler's padding), said once. Rank 0's bar shows the
 latest step's metrics on a terminal (under ``ddpkit run``: when its console is one);
 elsewhere (CI logs, pipes) a line every ``log_every`` steps helps instead. Every line is a
@@ -28,7 +28,7 @@ from ddpkit.runtime.collectives import is_main
 
 
 class SetupLine(Protocol):
-    """What the console asks of a run's set-up (``ddpkit.train.setup.RunSetup``)."""
+    """What the console asks of a run's set-up (``ddpkit.observe.runsetup.RunSetup``)."""
 
     def describe(self) -> str: ...
 

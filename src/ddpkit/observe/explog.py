@@ -34,6 +34,7 @@ from typing import Any
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
+from ddpkit.errors import ConfigError
 from ddpkit.observe.trackers import Tracker, scalar, tracker_from
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.runtime.collectives import is_main
@@ -243,3 +244,18 @@ def _learning_rates(optimizers: Mapping[str, Any]) -> dict[str, float]:
     if len(rates) == 1:
         return {"train/lr": next(iter(rates.values()))}
     return {f"train/lr/{name}": rate for name, rate in rates.items()}
+
+
+def log_metrics(
+    logs: ExperimentLogCallback | None, metrics: Mapping[str, Any], step: int, stepped: bool
+) -> None:
+    """``TrainLoop.log``: ``metrics`` at optimizer step ``step`` (one more once this batch's
+    step was taken), the logs opened first should no batch have run yet.
+
+    Example::
+
+        log_metrics(loop.explog, {"train/grad_norm": norm}, loop.step, stepped=False)
+    """
+    if logs is None:
+        raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=... or loggers=[...])")
+    logs.opened(step).log(metrics, step + int(stepped))

@@ -85,13 +85,15 @@ def rank_seed(seed: int, rank: int) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
-def seed_rank_streams(seed: int, rank: int) -> None:
-    """Reseed this process's RNGs with :func:`rank_seed` (augmentation, dropout).
+def seed_rank_streams(seed: int | None, rank: int) -> None:
+    """Reseed this process's RNGs with :func:`rank_seed` (augmentation, dropout); nothing
+    without a seed (``ddpkit.init(seed=...)`` not given).
 
     Example:
         >>> seed_rank_streams(0, 1)
     """
-    _seed_all(rank_seed(seed, rank))
+    if seed is not None:
+        _seed_all(rank_seed(seed, rank))
 
 
 def _seed_all(seed: int) -> None:

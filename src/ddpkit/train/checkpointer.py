@@ -34,7 +34,7 @@ from torch import nn
 
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.log import EVERY_RANK, logger
-from ddpkit._core.protocol import SAVE_AT_STEP_ENV
+from ddpkit._core.protocol import SAVE_AT_STEP_ENV, RecordKind
 from ddpkit.checkpoint.background import (
     BackgroundWriter,
     snapshot,
@@ -47,12 +47,13 @@ from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
 from ddpkit.checkpoint.signature import check_same_model, model_signature
 from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder, prune
 from ddpkit.errors import CheckpointError, ConfigError
+from ddpkit.observe.runsetup import RunSetup
 from ddpkit.parallel.strategy import strategy_of, unwrap_model
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
+from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.session import current_world
 from ddpkit.train.options import CheckpointOptions
 from ddpkit.train.progress import EpochProgress, loader_generator_state
-from ddpkit.train.setup import RunSetup
 from ddpkit.train.state import upgrade
 
 _SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
@@ -72,6 +73,14 @@ class Checkpointable(Protocol):
     @property
     def setup(self) -> RunSetup | None:
         """How the run is set up (world size, global batch), once it started."""
+
+    @property
+    def epoch(self) -> int:
+        """Completed epochs."""
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """Everything needed to resume (``weights=False``: without models and optimizers)."""
@@ -120,6 +129,24 @@ class Checkpointer:
         due = (every is not None and epoch % every == 0) or self._owed or epoch == epochs
         self._owed = False
         return due
+
+    def save_here(
+        self, run: Checkpointable, progress: EpochProgress | None, loader: Any
+    ) -> tuple[str, Position]:
+        """A checkpoint where ``run`` stands: an epoch's end, or its step part-way through
+        ``progress``; told to the launcher as the newest, should the job stop. Where it is,
+        and the position.
+
+        Example::
+
+            path, position = checkpointer.save_here(loop, None, train_loader)
+        """
+        epoch, step = run.epoch, run.step
+        position = Position(epoch) if progress is None else Position(epoch + 1, step)
+        path = self.save(run, position, progress, loader)
+        said = f"newest checkpoint {path}"
+        record_failure(said, said, RecordKind.TRAINING)
+        return str(path), position
 
     def save(
         self, run: Checkpointable, position: Position, progress: EpochProgress | None, loader: Any
@@ -341,3 +368,14 @@ def _membership(ranks: list[dict[str, Any]]) -> str:
     changes = [f"{', '.join(sorted(before - now))} left"] if before - now else []
     changes += [f"{', '.join(sorted(now - before))} joined"] if now - before else []
     return f" ({'; '.join(changes)})"
+
+
+def say_training_started(checkpointer: Checkpointer | None) -> None:
+    """Where training stands, for the launcher, should a stop come before the first save.
+
+    Example::
+
+        say_training_started(None)   # the launcher's report: "no checkpoint_dir"
+    """
+    where = "no checkpoint yet" if checkpointer else "no checkpoint_dir"
+    record_failure(where, where, RecordKind.TRAINING)

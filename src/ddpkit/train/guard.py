@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit._core.log import logger
+from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max
@@ -202,3 +204,24 @@ def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManag
     if not even and strategy.uneven_batches == "join":
         return strategy.join(model)
     return contextlib.nullcontext()  # no collectives inside the loop: nothing can hang
+
+
+def even_epoch(
+    model: nn.Module, loader: Any, total: int | None, nonfinite_loss: NonFiniteLoss, epoch: int,
+    was_even: bool,
+) -> bool:  # fmt: skip
+    """Whether every rank has as many batches in ``epoch`` (from 0), said when an epoch turns
+    uneven (``was_even``), not every epoch. A stream's loader keeps the ranks in step itself.
+
+    Example::
+
+        even = even_epoch(model, loader, len(loader), "error", epoch=0, was_even=True)
+    """
+    stream = isinstance(loader, StreamLoader)
+    spread = None if stream else uneven_shares(model, total, nonfinite_loss)
+    if spread and was_even:
+        logger.info(
+            f"epoch {epoch + 1}: {spread}; the epoch runs under torch's Join and stop "
+            "requests, step checkpoints and replica checks wait for its end"
+        )
+    return spread is None

@@ -1,97 +1,75 @@
 """The training loop, once: ``TrainLoop``, which a hand-written loop drives and the Trainer is.
 
 A hand-written loop (Fabric's and Accelerate's way) gives it what to checkpoint, iterates
-through it and marks the backward and the update; ``Trainer.fit`` is this loop with a step:
-
-.. code-block:: python
-
-    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt, "scheduler": sched},
-                            checkpoint_dir="runs/x", save_every_steps=50)
-    for epoch in loop.epochs(10):             # resumes where a checkpoint left off
-        for x, y in loop.batches(train):      # on the device; a resumed epoch skips what it did
-            with loop.autocast():             # precision="bf16"/"fp16"; fp32: nothing
-                loss = F.cross_entropy(model(x), y)
-            loop.backward(loss)               # the NaN/inf check, accumulation, loss scaling
-            loop.optimizer_step(opt)          # the guard's verdict, opt.step(), opt.zero_grad()
-            sched.step()
-
-Both faces get the same steps: exact resume (mid-epoch, at any world size), stop signals,
-the NaN/inf guard, accumulation, precision, uneven ranks under ``Join``, the watchdog, the
-epoch line, the step-time breakdown, logs, callbacks, ``ddpkit verify``. A checkpoint is
-taken once the body that called ``optimizer_step`` has finished (``sched.step()`` too).
-
-Example:
-    >>> import torch, ddpkit
-    >>> _ = ddpkit.init()
-    ddpkit: world size 1 ...
-    >>> model = ddpkit.prepare_model(torch.nn.Linear(2, 1))
-    >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    >>> data = torch.utils.data.TensorDataset(torch.ones(4, 2), torch.zeros(4, 1))
-    >>> loop = TrainLoop({"model": model, "optimizer": opt})
-    >>> for epoch in loop.epochs(2):  # doctest: +ELLIPSIS
-    ...     for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
-    ...         loop.backward(torch.nn.functional.mse_loss(model(x), y))
-    ...         loop.optimizer_step(opt)
-    ddpkit: training an unwrapped model; global batch 2 = 2 per device x 1 rank; lr 0.1; fp32
-    epoch 1/2  loss ... epoch 2/2  loss ...
-    >>> loop.step, loop.epoch
-    (4, 2)
-    >>> ddpkit.shutdown()
+through it and marks the backward and the update (docs/training.md); ``Trainer.fit`` is this
+loop with a step. Both faces get the same steps: exact resume (mid-epoch, at any world size),
+stop signals, the NaN/inf guard, accumulation, precision, uneven ranks under ``Join``, the
+watchdog, exact evaluation, the epoch line, the step-time breakdown, logs, callbacks,
+``ddpkit verify``. A checkpoint is taken once the body that called ``optimizer_step`` has
+finished (a scheduler's ``step()`` after it too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Sized
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
-from ddpkit._core.log import logger
-from ddpkit._core.protocol import RecordKind
 from ddpkit._core.validate import check_positive_int
-from ddpkit.checkpoint.files import Position
 from ddpkit.data.batches import to_device
-from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
-from ddpkit.observe.console import Console
-from ddpkit.observe.explog import experiment_logs
-from ddpkit.observe.rankreport import RankReport
-from ddpkit.observe.steptime import Phase, StepClock
+from ddpkit.observe.explog import experiment_logs, log_metrics
+from ddpkit.observe.observer import RunObserver
+from ddpkit.observe.runsetup import RunSetup
+from ddpkit.observe.steptime import Phase
 from ddpkit.runtime.callbacks import Callback, Events
-from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.reporting import BenchReport
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
-from ddpkit.train.checkpointer import Checkpointer
-from ddpkit.train.guard import StepGuard, join_unless, uneven_shares
+from ddpkit.train.checkpointer import Checkpointer, say_training_started
+from ddpkit.train.evaluation import EvaluationParts, evaluate
+from ddpkit.train.guard import StepGuard, even_epoch, join_unless
 from ddpkit.train.monitor import StepMonitor, backward_label
-from ddpkit.train.options import (
-    CheckpointOptions,
-    LogOptions,
-    LoopOptions,
-    NonFiniteLoss,
-    Precision,
-)
+from ddpkit.train.options import LoopKeywords, RunOptions
 from ddpkit.train.precision import MixedPrecision
-from ddpkit.train.progress import EpochProgress
-from ddpkit.train.setup import RunSetup
+from ddpkit.train.progress import EpochProgress, say_already_trained
 from ddpkit.train.state import RunState
-from ddpkit.train.stop import Stop, StopKind, StopSignals, leave
+from ddpkit.train.steps import StepOutput
+from ddpkit.train.stop import Stop, StopSignals, leave, preempted
 from ddpkit.train.update import Updater
 
-TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11's; annotations are not evaluated on 3.10
 
 
 class TrainLoop:
     """The training loop and its parts. ``state`` names what to checkpoint (models, optimizers,
-    other entries: :mod:`ddpkit.train.state`); the keywords: :mod:`ddpkit.train.options`.
+    other entries: :mod:`ddpkit.train.state`); the keywords, the Trainer's too, are
+    :class:`~ddpkit.train.options.LoopKeywords` (an unknown one is refused by name).
 
-    Example::
-
-        loop = TrainLoop({"model": model, "optimizer": opt, "seen": 0}, "runs/x",
-                         save_every_steps=50, accumulate=4, precision="bf16")
+    Example:
+        >>> import torch, ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> model = ddpkit.prepare_model(torch.nn.Linear(2, 1))
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> data = torch.utils.data.TensorDataset(torch.ones(4, 2), torch.zeros(4, 1))
+        >>> loop = TrainLoop({"model": model, "optimizer": opt})
+        >>> for epoch in loop.epochs(2):  # doctest: +ELLIPSIS
+        ...     for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
+        ...         with loop.autocast():  # the run's precision; fp32: nothing
+        ...             loss = torch.nn.functional.mse_loss(model(x), y)
+        ...         loop.backward(loss)  # the NaN/inf check, accumulation, loss scaling
+        ...         loop.optimizer_step(opt)  # the guard's verdict, step, zero_grad
+        ddpkit: training an unwrapped model; global batch 2 = 2 per device x 1 rank; lr 0.1; fp32
+        epoch 1/2  loss ... epoch 2/2  loss ...
+        >>> loop.step, loop.epoch
+        (4, 2)
+        >>> ddpkit.shutdown()
     """
 
     def __init__(
@@ -99,43 +77,29 @@ class TrainLoop:
         state: dict[str, Any],
         checkpoint_dir: str | os.PathLike[str] | None = None,
         *,
-        save_every: int | None = None,
-        save_every_steps: int | None = None,
-        keep_last: int | None = 3,
-        async_save: bool = False,
-        accumulate: int = 1,
-        precision: Precision = "fp32",
-        clip_grad_norm: float | None = None,
-        nonfinite_loss: NonFiniteLoss = "error",
-        check_replicas_every: int | None = None,
-        log_every: int | None = None,
-        log_dir: str | os.PathLike[str] | None = None,
-        loggers: Sequence[Any] = (),
         callbacks: Sequence[Callback] = (),
+        **options: Unpack[LoopKeywords],
     ) -> None:
-        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
-                                   async_save)  # fmt: skip
-        options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
-                              check_replicas_every)  # fmt: skip
-        logging = LogOptions(log_every, log_dir, loggers)
-        self._assemble(RunState.from_dict(state), saving, options, logging, callbacks)
+        run_options = RunOptions.of("TrainLoop", checkpoint_dir, options)
+        self._assemble(RunState.from_dict(state), run_options, callbacks)
 
     @classmethod
-    def from_options(cls, run: RunState, saving: CheckpointOptions, options: LoopOptions,
-                     logging: LogOptions, callbacks: Sequence[Callback] = ()
-                     ) -> TrainLoop:  # fmt: skip
-        """The loop over ``run`` from option objects, as the Trainer builds it.
+    def from_options(
+        cls, run: RunState, options: RunOptions, callbacks: Sequence[Callback] = ()
+    ) -> TrainLoop:
+        """The loop over ``run`` with ``options``, as the Trainer builds it.
 
         Example::
 
-            TrainLoop.from_options(run, CheckpointOptions(None), LoopOptions(), LogOptions())
+            TrainLoop.from_options(run, RunOptions.of("Trainer", None, {}))
         """
         loop = cls.__new__(cls)
-        loop._assemble(run, saving, options, logging, callbacks)
+        loop._assemble(run, options, callbacks)
         return loop
 
-    def _assemble(self, run: RunState, saving: CheckpointOptions, options: LoopOptions,
-                  logging: LogOptions, callbacks: Sequence[Callback]) -> None:  # fmt: skip
+    def _assemble(self, run: RunState, run_options: RunOptions, callbacks: Sequence[Callback]
+                  ) -> None:  # fmt: skip
+        saving, options, logging = run_options.saving, run_options.loop, run_options.logging
         self.run, self.options, self.world = run, options, current_world()
         sharded = run.strategy.sharded
         self.precision = MixedPrecision(options.precision, self.world.device, sharded=sharded)
@@ -146,10 +110,8 @@ class TrainLoop:
         self.events = Events(callbacks, [BenchReport(), *([self.explog] if self.explog else [])])
         self.events.owner = self  # what every hook receives: the Trainer points it at itself
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
-        self.console = Console(logging.log_every)
-        self.clock = StepClock(run.models.values(), self.world.device)  # where steps' time goes
-        self.ranks = RankReport(self.clock)  # every rank's times, shared
-        self._window = logging.log_every or TIMES_WINDOW  # steps between sharing the times
+        self.observer = RunObserver(run.models.values(), self.world.device, logging.log_every)
+        self.clock = self.observer.clock  # where steps' time goes: the loop marks each phase
         self.setup: RunSetup | None = None  # how the run is set up, once it started
         self.loader: Any = None  # the loader of the epoch in progress
         self.stopped: Stop | None = None  # why the last run ended early (None: it did not)
@@ -177,16 +139,12 @@ class TrainLoop:
         check_positive_int("epochs", epochs)
         self._epochs, self._started, self.stopped = epochs, False, None
         self._progress = self.checkpointer.resume(self, loader) if self.checkpointer else None
-        seed = configured_seed()
-        if seed is not None:  # augmentation and dropout differ per rank, reproducibly
-            seed_rank_streams(seed, self.world.rank)  # (a resumed epoch restores its own)
+        # Augmentation and dropout differ per rank, reproducibly (a resumed epoch: its own).
+        seed_rank_streams(configured_seed(), self.world.rank)
         if loader is not None:
             self._start(loader)
         if self.run.epoch >= epochs:
-            logger.info(
-                f"already trained {self.run.epoch} of {epochs} epochs; nothing to do (ask for "
-                "more epochs to continue, or move the checkpoints away to train from scratch)"
-            )
+            say_already_trained(self.run.epoch, epochs)
         with StopSignals(enabled=self.checkpointer is not None) as self._signals:
             for epoch in range(self.run.epoch, epochs):
                 self._epoch_running, self._added = epoch, {}
@@ -203,7 +161,8 @@ class TrainLoop:
                 "TrainLoop.batches(loader) runs inside 'for epoch in loop.epochs(N):'"
             )
         self._start(loader)
-        progress = self._progress_for(self._epoch_running, loader)
+        progress = EpochProgress.of(self._epoch_running, loader, resumed=self._progress)
+        self._progress = progress
         iterator = progress.batches_from(loader)  # tells the sampler the epoch
         total = len(loader) if isinstance(loader, Sized) else None
         self._begin_epoch(loader, total, progress)
@@ -251,6 +210,23 @@ class TrainLoop:
             raise ConfigError("TrainLoop.record(metrics) runs inside 'loop.batches(loader)'")
         self._progress.record(dict(metrics), samples)
 
+    def evaluate(
+        self, loader: Iterable[Any], step: Callable[[Any], StepOutput]
+    ) -> dict[str, float]:
+        """``step(batch)``'s metrics (a loss, or a dict of means) over every rank's shard of
+        ``loader``, exact despite the sampler's padding; the models in eval mode meanwhile;
+        then ``on_validation_end``. Every rank calls it (:mod:`ddpkit.train.evaluation`).
+
+        Example::
+
+            val = loop.evaluate(val_loader, lambda b: F.cross_entropy(model(b[0]), b[1]))
+            loop.add_metrics({f"val_{k}": v for k, v in val.items()})
+        """
+        parts = EvaluationParts(self.world.device, self.monitor, self.autocast, self.models)
+        metrics = evaluate(loader, step, parts)
+        self.events.call("on_validation_end", metrics)
+        return metrics
+
     def add_metrics(self, metrics: Mapping[str, float]) -> None:
         """Metrics of the epoch in progress (a validation's), for its line and history."""
         self._added.update(metrics)
@@ -263,10 +239,7 @@ class TrainLoop:
 
             loop.log({"train/grad_norm": norm})
         """
-        if self.explog is None:
-            raise ConfigError("TrainLoop.log needs TrainLoop(..., log_dir=... or loggers=[...])")
-        log = self.explog.opened(self.run.step)  # before the first batch too
-        log.log(metrics, self.run.step + int(self.updater.stepped))  # a step taken counts
+        log_metrics(self.explog, metrics, self.run.step, self.updater.stepped)
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """What a checkpoint holds: the run's state, the grad scaler, the callbacks' entries."""
@@ -289,47 +262,34 @@ class TrainLoop:
         if self._started:
             return
         self._started = True
-        self.setup = RunSetup.of(self.run, self.options, loader, self.world.world_size)
+        steps = (self.options.accumulate, self.options.precision)
+        run, size = self.run, self.world.world_size
+        self.setup = RunSetup.of(run.strategy.name, run.optimizers, steps, loader, size)
         self.monitor.next_step(self.run.step + 1)
-        # Where training stands, for the launcher, should a stop come between two steps.
         saver = self.checkpointer
-        where = "no checkpoint yet" if saver else "no checkpoint_dir"
-        record_failure(where, where, RecordKind.TRAINING)
-        self.console.fit_started(self.setup, saver.resumed_batch if saver else None)
+        say_training_started(saver)
+        self.observer.fit_started(self.setup, saver.resumed_batch if saver else None)
         self.events.call("on_fit_start")
-
-    def _progress_for(self, epoch: int, loader: Any) -> EpochProgress:
-        if self._progress is None or self._progress.epoch != epoch:  # else: the resumed epoch
-            self._progress = EpochProgress(epoch, loader)
-        return self._progress
 
     def _begin_epoch(self, loader: Any, total: int | None, progress: EpochProgress) -> None:
         self.loader = loader
         self.events.call("on_train_epoch_start", progress.epoch + 1)
-        self.console.epoch_started(progress.epoch, self._epochs, total, progress.batches)
-        stream = isinstance(loader, StreamLoader)  # it keeps the ranks in step itself
-        spread = None if stream else uneven_shares(self.model, total, self.options.nonfinite_loss)
-        if spread and self._even:  # said when an epoch turns uneven, not every epoch
-            logger.info(
-                f"epoch {progress.epoch + 1}: {spread}; the epoch runs under torch's Join "
-                "and stop requests, step checkpoints and replica checks wait for its end"
-            )
-        self._even = spread is None
+        self.observer.epoch_started(progress.epoch, self._epochs, total, progress.batches)
+        model, nonfinite = self.run.model, self.options.nonfinite_loss
+        self._even = even_epoch(model, loader, total, nonfinite, progress.epoch, self._even)
         self.updater.zero_grad()
-        self.ranks.epoch_started()
 
     def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
         metrics = progress.end_batch(batch)
-        self.console.batch_done()
+        self.observer.batch_done()
         stepped, signal = self.updater.end_group()
         if stepped:
             self.clock.step_done()
             progress.batches = index + 1
             self.monitor.next_step(self.run.step + 1)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
-            if self._even and self.run.step % self._window == 0:  # every rank is here
-                self.console.times = self.ranks.share(self.loader)
-            self.console.step_done(lambda: progress.where(self._epochs, self.loader), metrics)
+            where = functools.partial(progress.where, self._epochs, self.loader)
+            self.observer.step_done(self.run.step, self._even, self.loader, where, metrics)
         self.events.call("on_train_batch_end", batch, metrics)
         if stepped:  # after the hooks: they saw the step
             self._after_step(progress, last, limit, signal)
@@ -342,44 +302,34 @@ class TrainLoop:
         if signal:
             self._preempt(signal, progress)
         if self.checkpointer and self.checkpointer.due_after_step(self.run.step, last, self._even):
-            self._save(progress)  # never inside an uneven epoch: its ranks cannot meet there
+            # never inside an uneven epoch: its ranks cannot meet there
+            self.checkpointer.save_here(self, progress, self.loader)
         if limit is not None:
             self._stop(limit)
 
     def _end_epoch(self, epoch: int) -> None:
         self.updater.step_schedulers("epoch")
         progress = self._progress if self._progress and self._progress.epoch == epoch else None
-        trained = {**progress.sums.reduce(), "time_s": progress.elapsed_s} if progress else {}
-        if progress:  # every rank's step times and memory, shared
-            trained.update(self.ranks.epoch_end(self.loader))
+        # Every rank's metric sums, then its step times and memory, shared (collectives).
+        trained = (
+            {**progress.totals(), **self.observer.epoch_times(self.loader)} if progress else {}
+        )
         metrics = {"epoch": float(epoch + 1), **trained, **self._added}
         self.run.epoch = epoch + 1
         self.events.call("on_train_epoch_end", metrics)  # may add metrics
         self.run.history.append(metrics)
-        self.console.epoch_done(metrics, self._epochs, self.ranks.latest if progress else None)
+        self.observer.epoch_done(metrics, self._epochs, trained=progress is not None)
         signal = self.guard.epoch_end(self._stop_signal())
         if signal:
             self._preempt(signal, None)
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
-            self._save(None)
+            self.checkpointer.save_here(self, None, self.loader)
 
     def _preempt(self, signal: str, progress: EpochProgress | None) -> NoReturn:
         """A stop signal any rank got: every rank saves here, then leaves with 75."""
-        path, where = self._save(progress), self._position(progress).describe()
-        said = f"stopped by {signal} at {where} after saving {path}; run the same command again"
-        self._stop(Stop(StopKind.PREEMPTED, said + " to resume"))
-
-    def _position(self, progress: EpochProgress | None) -> Position:
-        """Where the run stands: an epoch's end, or a step part-way through ``progress``."""
-        epoch, step = self.run.epoch, self.run.step
-        return Position(epoch) if progress is None else Position(epoch + 1, step)
-
-    def _save(self, progress: EpochProgress | None) -> str:
-        assert self.checkpointer is not None
-        path = self.checkpointer.save(self, self._position(progress), progress, self.loader)
-        said = f"newest checkpoint {path}"
-        record_failure(said, said, RecordKind.TRAINING)
-        return str(path)
+        assert self.checkpointer is not None  # stop signals are caught only with one
+        path, position = self.checkpointer.save_here(self, progress, self.loader)
+        self._stop(preempted(signal, path, position.describe()))
 
     def _finish(self, stop: Stop | None) -> None:
         """The end hooks, whether training completed or stopped early (``stop``)."""
@@ -387,7 +337,7 @@ class TrainLoop:
         if self.checkpointer is not None:
             self.checkpointer.wait()  # a checkpoint written in the background is complete
         self.stopped = stop
-        self.clock.close()
+        self.observer.close()
         self.events.call("on_fit_end")
 
     def _stop(self, stop: Stop) -> NoReturn:

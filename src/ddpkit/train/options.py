@@ -1,19 +1,21 @@
 """The training loop's options, in three small groups, each checked once when it is made.
 
-``Trainer`` and ``TrainLoop`` take the same keywords and build these from them, so a keyword
-means the same thing in both and is refused by the same check, naming the value and the fix.
+``Trainer`` and ``TrainLoop`` take the same keywords (:class:`LoopKeywords`) and build these
+through one path, :meth:`RunOptions.of`, so a keyword means the same thing in both, has one
+default (the field's below) and is refused by the same check, naming the value and the fix.
 
 Example:
-    >>> LoopOptions(accumulate=4, precision="bf16").precision
+    >>> RunOptions.of("TrainLoop", None, {"accumulate": 4, "precision": "bf16"}).loop.precision
     'bf16'
 """
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Literal, TypedDict, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
@@ -111,3 +113,76 @@ class LogOptions:
             check_positive_int("log_every", self.log_every)
         if isinstance(self.loggers, str):  # loggers="mlflow" would be six trackers
             raise ConfigError(f"loggers must be a list, like [{self.loggers!r}]")
+
+
+class LoopKeywords(TypedDict, total=False):
+    """The keywords both faces take; each one's default and meaning is its option's field:
+    :class:`CheckpointOptions` (``save_every``, ``save_every_steps``, ``keep_last``,
+    ``async_save``), :class:`LoopOptions` (``accumulate``, ``precision``,
+    ``clip_grad_norm``, ``nonfinite_loss``, ``check_replicas_every``) and
+    :class:`LogOptions` (``log_every``, ``log_dir``, ``loggers``).
+
+    Example:
+        >>> sorted(LoopKeywords.__annotations__)[:3]
+        ['accumulate', 'async_save', 'check_replicas_every']
+    """
+
+    save_every: int | None
+    save_every_steps: int | None
+    keep_last: int | None
+    async_save: bool
+    accumulate: int
+    precision: Precision
+    clip_grad_norm: float | None
+    nonfinite_loss: NonFiniteLoss
+    check_replicas_every: int | None
+    log_every: int | None
+    log_dir: str | os.PathLike[str] | None
+    loggers: Sequence[Any]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """A run's three option groups, built from the keywords the same way for both faces.
+
+    Example:
+        >>> try:
+        ...     RunOptions.of("Trainer", None, {"save_evry": 2})
+        ... except ConfigError as error:
+        ...     print(error)
+        Trainer got an unknown keyword 'save_evry'; did you mean 'save_every'?
+    """
+
+    saving: CheckpointOptions
+    loop: LoopOptions
+    logging: LogOptions
+
+    @classmethod
+    def of(
+        cls,
+        face: str,
+        checkpoint_dir: str | os.PathLike[str] | None,
+        keywords: Mapping[str, Any],
+        scheduler_interval: SchedulerInterval = "step",
+    ) -> RunOptions:
+        """The options of ``face`` (``"Trainer"`` or ``"TrainLoop"``, for the messages)."""
+        _refuse_unknown(face, keywords)
+        return cls(
+            CheckpointOptions(checkpoint_dir, **_fields_of(CheckpointOptions, keywords)),
+            LoopOptions(**_fields_of(LoopOptions, keywords), scheduler_interval=scheduler_interval),
+            LogOptions(**_fields_of(LogOptions, keywords)),
+        )
+
+
+def _fields_of(options: type, keywords: Mapping[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in fields(options)}
+    return {name: value for name, value in keywords.items() if name in names}
+
+
+def _refuse_unknown(face: str, keywords: Mapping[str, Any]) -> None:
+    known = list(LoopKeywords.__annotations__)
+    for name in keywords:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; it takes {', '.join(known)}"
+            raise ConfigError(f"{face} got an unknown keyword {name!r}{hint}")

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from ddpkit._core.log import logger
 from ddpkit.checkpoint.rngstate import restore_rng
 from ddpkit.data.batches import batch_size_of
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
@@ -49,6 +50,11 @@ class EpochProgress:
         >>> ddpkit.shutdown()
     """
 
+    @classmethod
+    def of(cls, epoch: int, loader: Any, resumed: EpochProgress | None) -> EpochProgress:
+        """The progress of ``epoch``: the one a resume restored when it is that epoch's."""
+        return resumed if resumed is not None and resumed.epoch == epoch else cls(epoch, loader)
+
     def __init__(self, epoch: int, loader: Any) -> None:
         self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
         self.batches = 0
@@ -68,6 +74,10 @@ class EpochProgress:
     def elapsed_s(self) -> float:
         """Seconds spent on this epoch's batches, before an interruption included."""
         return self._elapsed_before + (self._ended or time.perf_counter()) - self._started
+
+    def totals(self) -> dict[str, float]:
+        """The epoch's metrics over every rank (a collective) and its training time."""
+        return {**self.sums.reduce(), "time_s": self.elapsed_s}
 
     def end(self) -> None:
         """The epoch's batches are done: its clock stops (evaluation is not training time)."""
@@ -241,3 +251,16 @@ def skip_batches(loader: Any, count: int) -> Iterator[Any]:
     for _ in range(count):
         next(iterator, None)
     return iterator
+
+
+def say_already_trained(done: int, epochs: int) -> None:
+    """A run asked for ``epochs`` that its checkpoint already completed (``done``).
+
+    Example:
+        >>> say_already_trained(5, 3)  # doctest: +ELLIPSIS
+        ddpkit: already trained 5 of 3 epochs; nothing to do ...
+    """
+    logger.info(
+        f"already trained {done} of {epochs} epochs; nothing to do (ask for more epochs to "
+        "continue, or move the checkpoints away to train from scratch)"
+    )

@@ -126,3 +126,14 @@ def leave(stop: Stop) -> NoReturn:
     # Not sys.exit: the user's code after the loop (more training, evaluation) must not run
     # on a job that was told to stop, and every rank leaves at the same point.
     flush_and_exit(stop.kind.value)
+
+
+def preempted(signal: str, path: str, where: str) -> Stop:
+    """The stop a signal makes once every rank saved ``path`` at ``where``: exit 75.
+
+    Example:
+        >>> preempted("SIGTERM", "runs/x/epoch_000002.pt", "epoch 2").kind.name
+        'PREEMPTED'
+    """
+    said = f"stopped by {signal} at {where} after saving {path}; run the same command again"
+    return Stop(StopKind.PREEMPTED, said + " to resume")

@@ -23,34 +23,27 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from ddpkit.data.batches import batch_size_of, slice_batch, to_device
-from ddpkit.data.loader import real_samples_on_rank
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.group import ModelGroup
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.train.loop import TrainLoop
-from ddpkit.train.options import (
-    CheckpointOptions,
-    LogOptions,
-    LoopOptions,
-    NonFiniteLoss,
-    Precision,
-    SchedulerInterval,
-)
+from ddpkit.train.options import LoopKeywords, RunOptions, SchedulerInterval
 from ddpkit.train.state import RunState
 from ddpkit.train.steps import (
     LossFn,
-    MetricSums,
     StepFn,
     StepOutput,
     classifier_step,
     read_step_output,
 )
+
+if TYPE_CHECKING:
+    from typing import Unpack  # Python 3.11's; annotations are not evaluated on 3.10
 
 
 class Trainer:
@@ -66,8 +59,9 @@ class Trainer:
 
     **Models and state.** ``model``, ``optimizer`` and ``scheduler`` may be mappings by name
     (``{"G": gen, "D": disc}``); ``state={...}`` adds your entries to every checkpoint.
-    Checkpoints, options and ``callbacks`` are the loop's (``TrainLoop``'s keywords);
-    schedulers step per optimizer step (``scheduler_interval="step"``) or per epoch.
+    Checkpoints, options (``**options``: :class:`~ddpkit.train.options.LoopKeywords`, the
+    same as ``TrainLoop``'s) and ``callbacks`` are the loop's; schedulers step per optimizer
+    step (``scheduler_interval="step"``) or per epoch.
 
     Example::
 
@@ -81,10 +75,6 @@ class Trainer:
         loss_fn: LossFn | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
         *,
-        save_every: int | None = None,
-        save_every_steps: int | None = None,
-        keep_last: int | None = 3,
-        async_save: bool = False,
         training_step: StepFn | None = None,
         validation_step: StepFn | None = None,
         manual_optimization: bool = False,
@@ -92,25 +82,14 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         scheduler: Any = None,
         scheduler_interval: SchedulerInterval = "step",
-        accumulate: int = 1,
-        precision: Precision = "fp32",
-        clip_grad_norm: float | None = None,
-        nonfinite_loss: NonFiniteLoss = "error",
-        check_replicas_every: int | None = None,
-        log_every: int | None = None,
-        log_dir: str | os.PathLike[str] | None = None,
-        loggers: Sequence[Any] = (),
+        **options: Unpack[LoopKeywords],
     ) -> None:
         self.loss_fn = loss_fn
         self.manual_optimization = manual_optimization
         self._training_fn, self._validation_fn = training_step, validation_step
-        options = LoopOptions(accumulate, precision, clip_grad_norm, nonfinite_loss,
-                              check_replicas_every, scheduler_interval)  # fmt: skip
-        saving = CheckpointOptions(checkpoint_dir, save_every, save_every_steps, keep_last,
-                                   async_save)  # fmt: skip
         run = RunState(model, optimizer, scheduler, state)
-        logging = LogOptions(log_every, log_dir, loggers)
-        self.loop = TrainLoop.from_options(run, saving, options, logging, callbacks)
+        run_options = RunOptions.of("Trainer", checkpoint_dir, options, scheduler_interval)
+        self.loop = TrainLoop.from_options(run, run_options, callbacks)
         self.loop.events.owner = self  # callbacks receive the Trainer
         self.model, self.models, self.world = run.model, run.models, self.loop.world
         self.optimizers, self.schedulers = run.optimizers, run.schedulers
@@ -213,40 +192,16 @@ class Trainer:
         self._check_manual("optimizer_step")
         self.loop.optimizer_step(*optimizers)
 
-    @torch.no_grad()
     def evaluate(self, loader: Iterable[Any]) -> dict[str, float]:
         """The validation step's metrics over every rank's shard of ``loader``, exact: the
-        samples the sampler repeated to even out the shards are left out.
+        samples the sampler repeated to even out the shards are left out (the loop's
+        :meth:`~ddpkit.train.loop.TrainLoop.evaluate`).
 
         Example::
 
             trainer.evaluate(val_loader)   # {'loss': 0.08, 'samples': 36.0, 'accuracy': 0.97}
         """
-        self.model.eval()
-        monitor = self.loop.monitor
-        sums = MetricSums(self.world.device)
-        remaining = real_samples_on_rank(loader)  # padded duplicates are not counted
-        with monitor.ending():
-            for batch in monitor.batches(loader, evaluation=True):
-                batch = to_device(batch, self.world.device)
-                size = batch_size_of(batch)
-                keep = size if remaining is None else max(0, min(size, remaining))
-                remaining = None if remaining is None else remaining - keep
-                monitor.phase("forward", evaluation=True)
-                self._validation_batch(batch, size, keep, sums)
-        metrics = sums.reduce()
-        self.loop.events.call("on_validation_end", metrics)
-        return metrics
-
-    def _validation_batch(self, batch: Any, size: int, keep: int, sums: MetricSums) -> None:
-        # Every rank runs every batch, a batch of padding only included: FSDP's forward
-        # gathers parameters, DDP's may broadcast buffers. Padding is then not counted.
-        part = slice_batch(batch, keep) if 0 < keep < size else batch
-        with self.loop.autocast():
-            output = self.validation_step(part)
-        if keep:
-            result = read_step_output(output, part, "validation_step")
-            sums.add(result.metrics, result.samples)
+        return self.loop.evaluate(loader, self.validation_step)
 
     def resume(self) -> bool:
         """Load the newest valid checkpoint now (False: none); ``fit`` does it by itself.

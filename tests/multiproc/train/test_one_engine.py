@@ -125,3 +125,21 @@ def test_sigterm_stops_at_a_step_with_75_and_the_next_run_ends_identical(
                                    "--checkpoint-dir", str(run.folder)), timeout=240)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert_same_run(result(tmp_path, face, "mixed"), uninterrupted[face])
+
+
+@pytest.mark.timeout(240)
+def test_both_faces_evaluate_a_padded_dataset_as_one_process_does(tmp_path: Path) -> None:
+    """37 samples on 2 ranks: the sampler repeats one; TrainLoop.evaluate, Trainer.evaluate
+    and one process all report the 37 real samples' means, and the model trains again after."""
+    script = str(SCRIPTS / "evaluate_faces.py")
+    two = ddpkit_cli("run", "--nproc", "2", script, str(tmp_path / "two.pt"), timeout=200)
+    assert two.returncode == 0, two.stdout + two.stderr
+    one = ddpkit_cli("run", "--nproc", "1", script, str(tmp_path / "one.pt"), timeout=200)
+    assert one.returncode == 0, one.stdout + one.stderr
+    results = [torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("two", "one")]
+    reference = results[1]["loop"]
+    assert reference["samples"] == 37.0, reference
+    for result in results:
+        assert result["training_after"] is True
+        for face in ("loop", "trainer"):
+            assert result[face] == pytest.approx(reference, rel=1e-6), (face, result)

@@ -18,9 +18,6 @@ from typing import Any
 
 from torch.utils.data import DistributedSampler
 
-from ddpkit.train.options import LoopOptions
-from ddpkit.train.state import RunState
-
 
 @dataclass(frozen=True)
 class RunSetup:
@@ -47,24 +44,29 @@ class RunSetup:
     padding: str | None = None  # what the sampler did to even out the shards
 
     @classmethod
-    def of(cls, run: RunState, options: LoopOptions, loader: Any, world_size: int) -> RunSetup:
-        """The set-up of ``run`` training on ``loader`` (None: not known yet).
+    def of(
+        cls, strategy: str, optimizers: Mapping[str, Any], steps: tuple[int, str], loader: Any,
+        world_size: int,
+    ) -> RunSetup:  # fmt: skip
+        """The set-up of a run of ``strategy`` and ``optimizers`` on ``loader`` (None: not
+        known yet); ``steps``: its accumulation and precision.
 
         Example::
 
-            RunSetup.of(run, LoopOptions(), train_loader, world_size=2).global_batch   # 64
+            RunSetup.of("ddp", {"optimizer": opt}, (1, "fp32"), train_loader, 2).global_batch
         """
         per_device = getattr(loader, "batch_size", None)
         plan = getattr(loader, "ddpkit_batch_plan", None)
-        first = next(iter(run.optimizers.values())).param_groups[0]["lr"]
+        first = next(iter(optimizers.values())).param_groups[0]["lr"]
+        accumulate, precision = steps
         return cls(
-            world_size, run.strategy.name, per_device,
-            per_device * world_size * options.accumulate if per_device else None,
+            world_size, strategy, per_device,
+            per_device * world_size * accumulate if per_device else None,
             plan.policy if plan is not None else "per_device",
             plan.base_batch if plan is not None else None,
             plan.lr_scaling if plan is not None else None,
-            getattr(loader, "num_workers", None), float(first), options.precision,
-            options.accumulate, _lr_text(run.optimizers), _padding(loader),
+            getattr(loader, "num_workers", None), float(first), precision,
+            accumulate, _lr_text(optimizers), _padding(loader),
         )  # fmt: skip
 
     def record(self) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The one part of a run that watches it: the loop tells it what happened, it never answers.
+
+It holds the step clock (where each step's time goes), the ranks' report (every rank's times
+and memory, shared every ``log_every`` or 50 steps and at each epoch's end) and rank 0's
+console (the start-up line, the bar, step and epoch lines). The experiment logs and the
+bench report listen through the run's callbacks instead: they are hooks users may add to.
+
+Example:
+    >>> import torch, ddpkit
+    >>> _ = ddpkit.init()
+    ddpkit: world size 1 ...
+    >>> observer = RunObserver([torch.nn.Linear(2, 1)], torch.device("cpu"), log_every=None)
+    >>> observer.window
+    50
+    >>> ddpkit.shutdown()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpkit.observe.console import Console, SetupLine
+from ddpkit.observe.rankreport import RankReport
+from ddpkit.observe.steptime import StepClock
+
+TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
+
+
+class RunObserver:
+    """The clock, the ranks' report and the console of one run, told each moment in turn.
+
+    Example::
+
+        observer.step_done(step=100, collective=True, loader=train, where=..., metrics={})
+    """
+
+    def __init__(self, models: Iterable[nn.Module], device: torch.device, log_every: int | None):
+        self.clock = StepClock(models, device)
+        self.ranks = RankReport(self.clock)
+        self.console = Console(log_every)
+        self.window = log_every or TIMES_WINDOW  # steps between sharing the times
+
+    def fit_started(self, setup: SetupLine, resumed: Mapping[str, Any] | None) -> None:
+        """The run starts: its set-up line (and what a resume did to the batch)."""
+        self.console.fit_started(setup, resumed)
+
+    def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:
+        """Epoch ``epoch`` (from 0) starts with ``done`` of ``total`` batches behind it."""
+        self.console.epoch_started(epoch, epochs, total, done)
+        self.ranks.epoch_started()
+
+    def batch_done(self) -> None:
+        self.console.batch_done()
+
+    def step_done(
+        self,
+        step: int,
+        collective: bool,
+        loader: Any,
+        where: Callable[[], str],
+        metrics: Mapping[str, Any],
+    ) -> None:
+        """Optimizer step ``step`` is done; every ``window`` steps the ranks share their times
+        (only when ``collective``: every rank is at this step, not in an uneven epoch)."""
+        if collective and step % self.window == 0:
+            self.console.times = self.ranks.share(loader)
+        self.console.step_done(where, metrics)
+
+    def epoch_times(self, loader: Any) -> dict[str, float]:
+        """The epoch's step times and memory, shared by every rank (a collective)."""
+        return self.ranks.epoch_end(loader)
+
+    def epoch_done(self, metrics: dict[str, float], epochs: int, trained: bool) -> None:
+        """The epoch's line (with the ranks' times when it ``trained`` batches here)."""
+        self.console.epoch_done(metrics, epochs, self.ranks.latest if trained else None)
+
+    def close(self) -> None:
+        self.clock.close()
