@@ -33,14 +33,15 @@ from ddpkit.errors import (
 
 if TYPE_CHECKING:
     from ddpkit.data.batches import to_device
-    from ddpkit.data.gathering import gather_for_metrics
     from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
+    from ddpkit.data.metricsgather import gather_for_metrics
     from ddpkit.data.samples import sample_generator
     from ddpkit.env.world import World
     from ddpkit.launch.launcher import spawn
     from ddpkit.observe.explog import ExperimentLog
     from ddpkit.observe.trackers import MLflowLogger, Tracker, WandbLogger
     from ddpkit.parallel.strategy import prepare_model, unwrap_model
+    from ddpkit.runtime.allgather import all_gather
     from ddpkit.runtime.callbacks import Callback
     from ddpkit.runtime.collectives import (
         all_reduce_mean,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
         print0,
         rank_zero_only,
     )
-    from ddpkit.runtime.gather import all_gather
     from ddpkit.runtime.mainfirst import main_first
     from ddpkit.runtime.seeding import seed_everything
     from ddpkit.runtime.session import current_world, init, shutdown
@@ -64,7 +64,7 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
     "to_device": "ddpkit.data.batches",
-    "gather_for_metrics": "ddpkit.data.gathering",
+    "gather_for_metrics": "ddpkit.data.metricsgather",
     "BatchPlan": "ddpkit.data.loader",
     "plan_batch": "ddpkit.data.loader",
     "prepare_loader": "ddpkit.data.loader",
@@ -80,7 +80,7 @@ _LAZY = {
     "is_main": "ddpkit.runtime.collectives",
     "print0": "ddpkit.runtime.collectives",
     "rank_zero_only": "ddpkit.runtime.collectives",
-    "all_gather": "ddpkit.runtime.gather",
+    "all_gather": "ddpkit.runtime.allgather",
     "main_first": "ddpkit.runtime.mainfirst",
     "seed_everything": "ddpkit.runtime.seeding",
     "current_world": "ddpkit.runtime.session",

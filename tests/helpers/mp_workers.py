@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import ddpkit
-import ddpkit.checkpoint.store
+import ddpkit.checkpoint.storage
 
 
 def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
@@ -86,13 +86,13 @@ def train_with_checkpoints(folder: str, epochs: int, save_every: int) -> dict[st
     """Adam on the toy task with checkpoints; records which epochs this rank saved."""
     ddpkit.init(timeout=60)
     saved: list[int] = []
-    real_save = ddpkit.checkpoint.store.save_sealed
+    real_save = ddpkit.checkpoint.storage.save_sealed
 
     def recording_save(state, path):  # observe this rank's writes
         saved.append(state["epoch"])
         return real_save(state, path)
 
-    ddpkit.checkpoint.store.save_sealed = recording_save  # type: ignore[assignment]
+    ddpkit.checkpoint.storage.save_sealed = recording_save  # type: ignore[assignment]
     model = ddpkit.prepare_model(toy_model())
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, Path(folder), save_every=save_every)

@@ -69,7 +69,7 @@ def hold_the_first_write(trainer: ddpkit.Trainer, strategy: str) -> None:
     a slow disk for the first mid-epoch checkpoint: done once training took the next step."""
     # FSDP: the sharded module seals the shards' digests with the training state, last.
     module = importlib.import_module(
-        f"ddpkit.checkpoint.{'sharded' if strategy == 'fsdp' else 'store'}"
+        f"ddpkit.checkpoint.{'sharded' if strategy == 'fsdp' else 'storage'}"
     )
     real_save, held = module.save_sealed, []
 

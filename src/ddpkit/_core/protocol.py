@@ -35,17 +35,20 @@ SAME_CALLS_FIX = (
     "saving on rank 0 only? an early return or one batch fewer on one rank?)"
 )
 
-# --- variables a launcher or a ddpkit command sets for its workers ----------------------
-LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifeline)
+# --- the user's knobs: documented (docs/fault-tolerance.md, docs/training.md) -------------
 HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"  # seconds; `ddpkit run --hang-timeout`
 FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"  # 1: keep ddpkit's own frames in tracebacks
+CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
+
+# --- internal channels: a launcher or a ddpkit command steers its workers (each one's setter
+# and reader: docs/architecture.md, "The internal channels"); not for users to set ----------
+LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifeline)
 WORKER_SETUP_ENV = "DDPKIT_WORKER_SETUP"  # "module:function" run before the script
 LAUNCHER_REPORTS_ENV = "DDPKIT_LAUNCHER_REPORTS"  # 1: the launcher prints the traceback once
 ONE_STREAM_ENV = "DDPKIT_ONE_STREAM"  # 1: stderr into stdout's file, in the order written
 LIVE_CONSOLE_ENV = "DDPKIT_LIVE_CONSOLE"  # 1: the merged console shows a terminal: draw bars
 MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"  # stop every rank after K optimizer steps, exit 0
 SAVE_AT_STEP_ENV = "DDPKIT_SAVE_AT_STEP"  # also checkpoint after step K (verify --then)
-CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
 METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
 VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's record
 REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks

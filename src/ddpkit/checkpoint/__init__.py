@@ -27,7 +27,7 @@ from ddpkit.checkpoint.files import (
     save_checkpoint,
 )
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
-from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder
+from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder
 
 __all__ = [
     "INVALID_SUFFIX",

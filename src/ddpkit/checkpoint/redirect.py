@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 
 from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, LOG_DIR_ENV
-from ddpkit.checkpoint.store import is_url
+from ddpkit.checkpoint.storage import is_url
 
 
 def resolve_checkpoint_dir(folder: str | os.PathLike[str]) -> Path | str:

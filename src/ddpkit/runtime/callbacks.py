@@ -140,7 +140,8 @@ def registered_callbacks() -> tuple[Callback, ...]:
 class Events:
     """Calls every listening callback's hook, on the ranks each asks for.
 
-    ``owner`` is what every hook receives first (the loop sets it to its public face).
+    ``owner`` is what every hook receives first: the run's public face (the Trainer, or the
+    TrainLoop), given once when the run is assembled.
 
     Example:
         >>> Events([object()])
@@ -149,7 +150,9 @@ class Events:
         ddpkit.errors.ConfigError: callbacks must be ddpkit.Callback instances; got a object
     """
 
-    def __init__(self, callbacks: Iterable[Any] = (), builtins: Iterable[Callback] = ()) -> None:
+    def __init__(
+        self, callbacks: Iterable[Any] = (), builtins: Iterable[Callback] = (), owner: Any = None
+    ) -> None:
         self.callbacks = list(callbacks)
         for callback in self.callbacks:
             if not isinstance(callback, Callback):
@@ -157,7 +160,7 @@ class Events:
                     f"callbacks must be ddpkit.Callback instances; got a {type(callback).__name__}"
                 )
         self.callbacks += list(builtins)
-        self.owner: Any = None
+        self.owner = owner
         self._listening: dict[str, list[Callback]] = {}
 
     def call(self, hook: str, *args: Any) -> list[Any]:

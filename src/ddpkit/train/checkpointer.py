@@ -6,7 +6,7 @@ mid-epoch, the position in it (:mod:`ddpkit.train.progress`), which a run at ano
 size goes on from; the world size and global batch; and every rank's random generators,
 gathered to the writer. Once a write is durable only ``keep_last`` are kept. Checkpoints live
 in a folder or, for a ``checkpoint_dir`` URL such as ``s3://bucket/run``, in an object store
-(:mod:`ddpkit.checkpoint.store`).
+(:mod:`ddpkit.checkpoint.storage`).
 
 Resuming takes the newest checkpoint that every rank can load and whose checksum matches. A
 truncated, corrupted or unsafe one is reported, renamed ``*.invalid`` and the previous one is
@@ -45,7 +45,7 @@ from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
 from ddpkit.checkpoint.signature import check_same_model, model_signature
-from ddpkit.checkpoint.store import CheckpointFolder, checkpoint_folder, prune
+from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder, prune
 from ddpkit.errors import CheckpointError, ConfigError
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.parallel.strategy import strategy_of, unwrap_model

@@ -22,12 +22,12 @@ import torch
 from ddpkit._core.validate import check_positive_int
 from ddpkit.data.batches import to_device
 from ddpkit.errors import ConfigError
+from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
 from ddpkit.observe.observer import RunObserver
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.runtime.callbacks import Callback, Events
-from ddpkit.runtime.reporting import BenchReport
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, say_training_started
@@ -84,21 +84,21 @@ class TrainLoop:
         self._assemble(RunState.from_dict(state), run_options, callbacks)
 
     @classmethod
-    def from_options(
-        cls, run: RunState, options: RunOptions, callbacks: Sequence[Callback] = ()
-    ) -> TrainLoop:
-        """The loop over ``run`` with ``options``, as the Trainer builds it.
+    def from_options(cls, run: RunState, options: RunOptions, callbacks: Sequence[Callback] = (),
+                     owner: Any = None) -> TrainLoop:  # fmt: skip
+        """The loop over ``run`` with ``options``, as the Trainer builds it; ``owner``: what
+        every hook receives first (default: the loop).
 
         Example::
 
-            TrainLoop.from_options(run, RunOptions.of("Trainer", None, {}))
+            TrainLoop.from_options(run, RunOptions.of("Trainer", None, {}), owner=trainer)
         """
         loop = cls.__new__(cls)
-        loop._assemble(run, options, callbacks)
+        loop._assemble(run, options, callbacks, owner)
         return loop
 
-    def _assemble(self, run: RunState, run_options: RunOptions, callbacks: Sequence[Callback]
-                  ) -> None:  # fmt: skip
+    def _assemble(self, run: RunState, run_options: RunOptions, callbacks: Sequence[Callback],
+                  owner: Any = None) -> None:  # fmt: skip
         saving, options, logging = run_options.saving, run_options.loop, run_options.logging
         self.run, self.options, self.world = run, options, current_world()
         sharded = run.strategy.sharded
@@ -107,8 +107,8 @@ class TrainLoop:
         self.updater = Updater(run, self.precision, self.guard, options)
         self.checkpointer = Checkpointer(saving) if saving.enabled else None
         self.explog = experiment_logs(logging.log_dir, logging.loggers)
-        self.events = Events(callbacks, [BenchReport(), *([self.explog] if self.explog else [])])
-        self.events.owner = self  # what every hook receives: the Trainer points it at itself
+        builtins = [BenchReport(), *([self.explog] if self.explog else [])]
+        self.events = Events(callbacks, builtins, owner=owner or self)
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
         self.observer = RunObserver(run.models.values(), self.world.device, logging.log_every)
         self.clock = self.observer.clock  # where steps' time goes: the loop marks each phase

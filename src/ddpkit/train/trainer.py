@@ -89,8 +89,7 @@ class Trainer:
         self._training_fn, self._validation_fn = training_step, validation_step
         run = RunState(model, optimizer, scheduler, state)
         run_options = RunOptions.of("Trainer", checkpoint_dir, options, scheduler_interval)
-        self.loop = TrainLoop.from_options(run, run_options, callbacks)
-        self.loop.events.owner = self  # callbacks receive the Trainer
+        self.loop = TrainLoop.from_options(run, run_options, callbacks, owner=self)
         self.model, self.models, self.world = run.model, run.models, self.loop.world
         self.optimizers, self.schedulers = run.optimizers, run.schedulers
         self.state = run.user_state

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from ddpkit.checkpoint.background import wait_for_writes
-from ddpkit.checkpoint.store import COMMIT_SUFFIX, ObjectFolder, checkpoint_folder
+from ddpkit.checkpoint.storage import COMMIT_SUFFIX, ObjectFolder, checkpoint_folder
 from ddpkit.errors import CheckpointError
 from helpers.jobs import children, kill_9
 from helpers.launch_helpers import REPO, SCRIPTS

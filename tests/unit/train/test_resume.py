@@ -278,7 +278,7 @@ def test_checkpoints_written_in_the_background_resume_to_the_same_parameters(
 def test_a_background_write_that_fails_is_raised_at_the_next_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ddpkit.checkpoint import store
+    from ddpkit.checkpoint import storage as store
 
     def disk_full(state: object, path: Path) -> None:
         raise OSError(28, "No space left on device")
@@ -302,7 +302,7 @@ def test_a_background_write_is_still_in_flight_while_the_next_step_trains(
     save passes every resume test above; this one fails it. The disk (save_sealed, the
     storage seam) completes the first write only once training has taken a step past that
     checkpoint's, which a write on the training thread never sees: it ends at its own step."""
-    from ddpkit.checkpoint import store
+    from ddpkit.checkpoint import storage as store
 
     real_save = store.save_sealed
     trained = [0]  # the optimizer steps taken, as the training thread says after each batch

@@ -4,7 +4,7 @@ Each world size runs the unchanged script: 1 worker as a plain process (no launc
 the baseline), N workers through ``ddpkit run``. Every worker gets the same number of CPU
 threads at every size (``threads_per_worker``, by default the cores divided by the largest
 size), so a worker is a fixed share of the machine, as a GPU is. The script reports its
-set-up and per-epoch metrics through the Trainer (or :func:`ddpkit.runtime.reporting.report`), so no
+set-up and per-epoch metrics through the Trainer (or :func:`ddpkit.reporting.report`), so no
 log is scraped. Repeats are interleaved across sizes so drift hits every size alike; the
 table shows medians. Speedup is the baseline's training time over this size's; efficiency
 is speedup per added worker (speedup / workers for a 1-worker baseline).
@@ -32,7 +32,7 @@ from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import CHECKPOINT_DIR_ENV, LOG_DIR_ENV, METRICS_ENV
 from ddpkit._core.system import usable_cores
 from ddpkit.errors import ConfigError, DdpkitError
-from ddpkit.runtime.reporting import read_reports
+from ddpkit.observe.benchreport import read_reports
 
 
 @dataclass(frozen=True)

@@ -288,7 +288,7 @@ def _threads_per_worker(
 def batch_advice(setup: Mapping[str, Any]) -> Check:
     """The effective global batch and whether the LR follows it (the tutorials' advice).
 
-    ``setup`` is the Trainer's "setup" record (see :mod:`ddpkit.runtime.reporting`).
+    ``setup`` is the Trainer's "setup" record (see :mod:`ddpkit.observe.benchreport`).
 
     Example:
         >>> setup = {"world_size": 2, "per_device_batch": 32, "global_batch": 64,

@@ -2,7 +2,7 @@
 
 Both go through the real launcher (``python -m ddpkit run --nproc N ...``) in a subprocess of
 its own session, so a timeout stops the launcher and all its workers together. The short run
-reports its set-up through ``DDPKIT_METRICS_FILE`` (see :mod:`ddpkit.runtime.reporting`) and stops
+reports its set-up through ``DDPKIT_METRICS_FILE`` (see :mod:`ddpkit.observe.benchreport`) and stops
 after ``DDPKIT_MAX_STEPS`` optimizer steps; while it goes, GPU utilization is sampled.
 
 Example:
@@ -32,7 +32,7 @@ from ddpkit._core.protocol import (
     SMOKE_OUT_ENV,
 )
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
-from ddpkit.runtime.reporting import read_reports
+from ddpkit.observe.benchreport import read_reports
 from ddpkit.tools.doctor import smoke
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check, batch_advice
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ddpkit.checkpoint import resolve_checkpoint_dir
-from ddpkit.checkpoint.store import LocalFolder, ObjectFolder, checkpoint_folder, is_url, prune
+from ddpkit.checkpoint.storage import LocalFolder, ObjectFolder, checkpoint_folder, is_url, prune
 from ddpkit.errors import ConfigError
 from ddpkit.train.checkpointer import Checkpointer
 from ddpkit.train.options import CheckpointOptions

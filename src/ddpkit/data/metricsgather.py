@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.gather import all_gather
+from ddpkit.runtime.allgather import all_gather
 
 
 def gather_for_metrics(values: Any, loader: Any) -> Any:
