@@ -24,7 +24,7 @@ NPROC       ?= 2
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
-.PHONY: demo test test-oldest check lint typecheck unit gpu-check lock lock-main lock-oldest clean
+.PHONY: demo test test-notice test-oldest check lint typecheck unit gpu-check lock lock-main lock-oldest clean
 
 demo: $(VENV)/.examples-installed
 	rm -rf runs/wine-demo  # the demo trains from scratch each time; its own scratch folder
@@ -32,9 +32,16 @@ demo: $(VENV)/.examples-installed
 	  $(BIN)/ddpkit run --nproc $(NPROC) examples/wine.py --epochs $(EPOCHS) --checkpoint-dir runs/wine-demo
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
-test: $(VENV)/.test-installed lint typecheck
+test: test-notice $(VENV)/.test-installed lint typecheck
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-oldest
+
+# What make test is about to do, said before it does it.
+test-notice:
+	@echo "make test: installs into $(VENV) (torch $(patsubst torch==%,%,$(TORCH_SPEC)) CPU + test tools, pinned by $(LOCK)) and"
+	@echo "  $(OLDEST_VENV) (torch $(OLDEST_TORCH), a ~5.7 GB CUDA build, for test-oldest), each once, then kept;"
+	@echo "  as root, the cluster tests install Debian's slurm, munge and OpenMPI with apt-get the first time."
+	@echo "  Then lint, types, every test tier, and test-oldest: about 35 minutes on 2 cores (docs/benchmarks.md)."
 
 # The other end of the supported range: unit tier, doctests, one 2-worker DDP run through
 # ddpkit run, resume, a restart after kill -9, SIGUSR1, and an FSDP run with its resume.

@@ -24,7 +24,7 @@ from typing import Any
 
 from ddpkit._core.protocol import METRICS_ENV
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.callbacks import Callback
+from ddpkit.runtime.callbacks import Callback, RunView
 from ddpkit.runtime.collectives import is_main
 
 KINDS = ("setup", "epoch")
@@ -71,8 +71,9 @@ class BenchReport(Callback):
         TrainLoop(...)   # holds one; it writes only when bench set DDPKIT_METRICS_FILE
     """
 
-    def on_fit_start(self, trainer: Any) -> None:
-        report("setup", **trainer.setup.record())
+    def on_fit_start(self, trainer: RunView) -> None:
+        if trainer.setup is not None:  # the loop says its set-up before this hook
+            report("setup", **trainer.setup.record())
 
-    def on_train_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+    def on_train_epoch_end(self, trainer: RunView, metrics: dict[str, float]) -> None:
         report("epoch", **metrics)

@@ -36,7 +36,7 @@ from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.data.batches import batch_size_of
 from ddpkit.errors import ConfigError
 from ddpkit.observe.trackers import Tracker, scalar, tracker_from
-from ddpkit.runtime.callbacks import Callback
+from ddpkit.runtime.callbacks import Callback, RunView
 from ddpkit.runtime.collectives import is_main
 
 CSV_NAME = "metrics.csv"
@@ -182,10 +182,10 @@ class ExperimentLogCallback(Callback):
             logger.info(f"logs go to {folder} for this run; {self.log_dir} is left as it is")
         return ExperimentLog(folder, resume_step=step)
 
-    def on_load_checkpoint(self, trainer: Any, state: Mapping[str, Any]) -> None:
+    def on_load_checkpoint(self, trainer: RunView, state: Mapping[str, Any]) -> None:
         self._run_ids.update(state.get("trackers", {}))
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: RunView) -> None:
         self.opened(trainer.step)
         self._step, self._since, self._samples = trainer.step, time.perf_counter(), 0
         setup = trainer.setup.record() if trainer.setup is not None else {}
@@ -193,7 +193,7 @@ class ExperimentLogCallback(Callback):
         for tracker in self.started:
             tracker.log_params({**tracker.params, **facts}, trainer.step)
 
-    def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:
+    def on_train_batch_end(self, trainer: RunView, batch: Any, metrics: Mapping[str, Any]) -> None:
         self._samples += batch_size_of(batch) or 0
         if trainer.step == self._step or not self._open:  # within an accumulation group
             return
@@ -205,11 +205,11 @@ class ExperimentLogCallback(Callback):
         self.log(points, trainer.step)
         self._step, self._since, self._samples = trainer.step, now, 0
 
-    def on_train_epoch_end(self, trainer: Any, metrics: Mapping[str, Any]) -> None:
+    def on_train_epoch_end(self, trainer: RunView, metrics: Mapping[str, Any]) -> None:
         numbers = {f"epoch/{k}": v for k, v in metrics.items() if isinstance(v, int | float)}
         self.log(numbers, trainer.step)
 
-    def on_save_checkpoint(self, trainer: Any, state: dict[str, Any]) -> None:
+    def on_save_checkpoint(self, trainer: RunView, state: dict[str, Any]) -> None:
         # Everything up to this step reaches the logs before the checkpoint exists.
         if self.files is not None:
             self.files.flush()
@@ -217,7 +217,7 @@ class ExperimentLogCallback(Callback):
             tracker.flush()
         state["trackers"] = {t.name: t.run_id for t in self.trackers if t.run_id is not None}
 
-    def on_fit_end(self, trainer: Any) -> None:
+    def on_fit_end(self, trainer: RunView) -> None:
         if self.files is not None:
             self.files.close()
         for tracker in self.started:

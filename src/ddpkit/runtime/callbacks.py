@@ -43,15 +43,57 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from torch import nn
 
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.collectives import is_main
 
+if TYPE_CHECKING:
+    from ddpkit.env.world import World
+
 CallbackT = TypeVar("CallbackT", bound="Callback")
 _registered: list[Callback] = []
+
+
+class SetupRecord(Protocol):
+    """A run's set-up as its hooks see it (``ddpkit.observe.runsetup.RunSetup``)."""
+
+    def record(self) -> dict[str, Any]: ...
+
+
+class RunView(Protocol):
+    """What a hook may read of the run it is called for, the Trainer and the TrainLoop alike:
+    ddpkit's own callbacks are typed with it (yours may keep ``trainer`` untyped, or use it).
+
+    Example::
+
+        class Steps(ddpkit.Callback):
+            def on_train_epoch_end(self, trainer: RunView, metrics):
+                print(trainer.step, trainer.world.world_size)
+    """
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def optimizers(self) -> Mapping[str, Any]: ...
+
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def world(self) -> World: ...
+
+    @property
+    def setup(self) -> SetupRecord | None: ...
+
+    @property
+    def loader(self) -> Any: ...
 
 
 class Callback:

@@ -35,7 +35,7 @@ from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.data.loader import reference_world_size
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
-from ddpkit.runtime.callbacks import Callback, register_callback
+from ddpkit.runtime.callbacks import Callback, RunView, register_callback
 from ddpkit.runtime.collectives import all_gather_rows, is_main
 from ddpkit.runtime.session import current_world
 
@@ -86,12 +86,13 @@ class Recorder(Callback):
         rows = torch.cat(all_gather_rows(mine)).tolist()
         self.build = {"weights": [r[0] for r in rows], "rng": [r[1] for r in rows]}
 
-    def on_fit_start(self, trainer: Any) -> None:
+    def on_fit_start(self, trainer: RunView) -> None:
         """The set-up and the parameters before the first step."""
-        self.setup = {**trainer.setup.record(), **model_notes(trainer.model)}
+        setup = trainer.setup.record() if trainer.setup is not None else {}
+        self.setup = {**setup, **model_notes(trainer.model)}
         self._initial = full_state(trainer.model)
 
-    def on_train_epoch_start(self, trainer: Any, epoch: int) -> None:
+    def on_train_epoch_start(self, trainer: RunView, epoch: int) -> None:
         """Check the first epoch's coverage; note this epoch's sample order."""
         loader = trainer.loader
         if self.coverage is None:
@@ -100,7 +101,7 @@ class Recorder(Callback):
         self._epoch_order = list(sampler) if listable(sampler) else []  # type: ignore[arg-type]
         self._position = 0
 
-    def on_train_batch_start(self, trainer: Any, batch: Any) -> None:
+    def on_train_batch_start(self, trainer: RunView, batch: Any) -> None:
         """Fingerprint each sample of a batch, by dataset index: its first tensor (the
         inputs) and the rest (targets, masks...), whatever the batch's structure."""
         n = batch_size_of(batch)
@@ -123,7 +124,7 @@ class Recorder(Callback):
             self.replicas["divergence"] = dict(divergence)
         return True
 
-    def on_fit_end(self, trainer: Any) -> None:
+    def on_fit_end(self, trainer: RunView) -> None:
         """Gather and write the record (a collective; rank 0 writes). Only the first call."""
         if self.finished:
             return
