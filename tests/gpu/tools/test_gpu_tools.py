@@ -35,4 +35,8 @@ def test_verify_passes_the_gpt_example_on_cuda(tmp_path: Path) -> None:
                       "--out", str(tmp_path), timeout=240)  # fmt: skip
     output = done.stdout + done.stderr
     assert done.returncode == 0 and "PASS" in output, output
-    assert "device cuda:0" in output, output
+    for side in ("reference", "workers1"):  # each side's own log says its device
+        log = (tmp_path / side / "output.log").read_text()
+        assert "device cuda:0" in log, (side, log)
+    # The launched worker wraps as N do; the plain process is the model alone.
+    assert "training DDP;" in (tmp_path / "workers1" / "output.log").read_text()
