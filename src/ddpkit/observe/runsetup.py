@@ -14,9 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch.utils.data import DistributedSampler
+
+
+class Stepping(Protocol):
+    """How a run steps: every ``accumulate`` batches, in ``precision`` (the loop's options)."""
+
+    @property
+    def accumulate(self) -> int: ...
+
+    @property
+    def precision(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -45,20 +55,20 @@ class RunSetup:
 
     @classmethod
     def of(
-        cls, strategy: str, optimizers: Mapping[str, Any], steps: tuple[int, str], loader: Any,
-        world_size: int,
+        cls, strategy: str, optimizers: Mapping[str, Any], loader: Any, world_size: int,
+        stepping: Stepping,
     ) -> RunSetup:  # fmt: skip
         """The set-up of a run of ``strategy`` and ``optimizers`` on ``loader`` (None: not
-        known yet); ``steps``: its accumulation and precision.
+        known yet), stepping as ``stepping`` says (the loop's options).
 
         Example::
 
-            RunSetup.of("ddp", {"optimizer": opt}, (1, "fp32"), train_loader, 2).global_batch
+            RunSetup.of("ddp", {"optimizer": opt}, train_loader, 2, loop.options).global_batch
         """
+        accumulate, precision = stepping.accumulate, stepping.precision
         per_device = getattr(loader, "batch_size", None)
         plan = getattr(loader, "ddpkit_batch_plan", None)
         first = next(iter(optimizers.values())).param_groups[0]["lr"]
-        accumulate, precision = steps
         return cls(
             world_size, strategy, per_device,
             per_device * world_size * accumulate if per_device else None,

@@ -22,7 +22,6 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddpkit.parallel.compiled import uncompiled
@@ -35,18 +34,6 @@ CheckpointKind = Literal["whole", "sharded"]
 # What ranks with different numbers of batches need: torch's Join (DDP), a refusal (FSDP's
 # all-gathers cannot be joined), or nothing (no collective runs inside the loop).
 UnevenBatches = Literal["join", "refuse", "free"]
-
-
-def has_process_group() -> bool:
-    """True when this process joined a process group (a launcher started it, even as the
-    only worker): DDP and FSDP then wrap as they do for N ranks, so one GPU runs the path N run.
-    A plain ``python train.py`` has none, and its model is only moved to the device.
-
-    Example:
-        >>> has_process_group()
-        False
-    """
-    return dist.is_available() and dist.is_initialized()
 
 
 class Strategy(ABC):

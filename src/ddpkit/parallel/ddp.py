@@ -22,9 +22,10 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import ModuleWrapperStrategy, has_process_group
+from ddpkit.parallel.base import ModuleWrapperStrategy
 from ddpkit.parallel.commhooks import register_comm_hook
 from ddpkit.parallel.compiled import uncompiled
+from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World

@@ -33,8 +33,9 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy, has_process_group
+from ddpkit.parallel.base import Strategy
 from ddpkit.parallel.compiled import uncompiled
+from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World

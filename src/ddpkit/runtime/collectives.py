@@ -28,8 +28,19 @@ from ddpkit.runtime.watchdog import watch
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def has_process_group() -> bool:
+    """True when this process joined a process group: a launcher started it, even as the only
+    worker (``ddpkit run --nproc 1``). A plain ``python train.py`` has none.
+
+    Example:
+        >>> has_process_group()
+        False
+    """
+    return dist.is_available() and dist.is_initialized()
+
+
 def _group_active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return has_process_group() and dist.get_world_size() > 1
 
 
 def get_rank() -> int:
@@ -39,7 +50,7 @@ def get_rank() -> int:
         >>> get_rank()
         0
     """
-    if dist.is_available() and dist.is_initialized():
+    if has_process_group():
         return dist.get_rank()
     world = world_or_none()
     return world.rank if world is not None else 0

@@ -370,12 +370,12 @@ def _membership(ranks: list[dict[str, Any]]) -> str:
     return f" ({'; '.join(changes)})"
 
 
-def say_training_started(checkpointer: Checkpointer | None) -> None:
+def record_training_start(checkpointer: Checkpointer | None) -> None:
     """Where training stands, for the launcher, should a stop come before the first save.
 
     Example::
 
-        say_training_started(None)   # the launcher's report: "no checkpoint_dir"
+        record_training_start(None)   # the launcher's report: "no checkpoint_dir"
     """
     where = "no checkpoint yet" if checkpointer else "no checkpoint_dir"
     record_failure(where, where, RecordKind.TRAINING)

@@ -30,7 +30,7 @@ from ddpkit.observe.steptime import Phase
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
-from ddpkit.train.checkpointer import Checkpointer, say_training_started
+from ddpkit.train.checkpointer import Checkpointer, record_training_start
 from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
 from ddpkit.train.monitor import StepMonitor, backward_label
@@ -262,12 +262,11 @@ class TrainLoop:
         if self._started:
             return
         self._started = True
-        steps = (self.options.accumulate, self.options.precision)
         run, size = self.run, self.world.world_size
-        self.setup = RunSetup.of(run.strategy.name, run.optimizers, steps, loader, size)
+        self.setup = RunSetup.of(run.strategy.name, run.optimizers, loader, size, self.options)
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
-        say_training_started(saver)
+        record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None)
         self.events.call("on_fit_start")
 
