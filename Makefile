@@ -21,6 +21,7 @@ OLDEST_LOCK ?= constraints/test-oldest.txt
 TEST_EXTRAS ?= test,mlflow,wandb
 LOCK_VENV   ?= .venv-lock
 NPROC       ?= 2
+TEST_WORKERS ?= 2
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
@@ -32,8 +33,12 @@ demo: $(VENV)/.examples-installed
 	  $(BIN)/ddpkit run --nproc $(NPROC) examples/wine.py --epochs $(EPOCHS) --checkpoint-dir runs/wine-demo
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
+# Two passes: TEST_WORKERS pytest workers (pytest-xdist; a module's tests stay together), then
+# the tests marked serial (they time things) alone.
 test: test-notice $(VENV)/.test-installed lint typecheck
-	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest $(PYTEST_ARGS)
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" \
+	  -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
 	$(MAKE) test-oldest
 
 # What make test is about to do, said before it does it.

@@ -9,7 +9,7 @@ import pytest
 
 from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
 
 HANG_TIMEOUT_S = 5
 

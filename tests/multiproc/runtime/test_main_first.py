@@ -19,7 +19,7 @@ import pytest
 from helpers.jobs import rank_of
 from helpers.launch_helpers import REPO, SCRIPTS, processes_running
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
 
 HANG_TIMEOUT_S = 3
 SCRIPT = SCRIPTS / "main_first.py"

@@ -17,7 +17,7 @@ from ddpkit import ConfigError, RendezvousError
 from helpers import mp_workers
 from helpers.launch_helpers import SCRIPTS
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
 
 
 def free_port() -> int:

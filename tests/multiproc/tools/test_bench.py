@@ -49,7 +49,9 @@ def test_bench_on_wine_writes_table_json_csv_and_charts(
     for row in rows:  # where the step's time goes, and the memory, at each size
         assert set(row["step_ms"]) == {"data", "compute", "sync", "optimizer", "other"}
         assert sum(row["step_ms"].values()) > 0 and row["peak_mem_mb"] > 10
-    assert rows[0]["step_ms"]["sync"] < 0.05  # one process: nothing to wait for
+    # One process has nothing to wait for: its sync is the timer's own cost (0.06 ms measured
+    # once under load), far below two workers' gradient all-reduce.
+    assert rows[0]["step_ms"]["sync"] < min(0.2, rows[1]["step_ms"]["sync"] / 2), rows
     assert re.search(r"\| [\d.]+ = [\d.]+ \+ [\d.]+ \+ [\d.]+ \+ [\d.]+ \+ [\d.]+ \| \d+ MB \|",
                      done.stdout)  # fmt: skip
 

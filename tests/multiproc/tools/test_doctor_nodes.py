@@ -17,7 +17,7 @@ import pytest
 from helpers.launch_helpers import REPO, worker_lines
 from helpers.netns import VirtualHost, virtual_hosts
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
 
 
 def doctor_on(hosts: list[VirtualHost], node_rank: int) -> subprocess.Popen[str]:

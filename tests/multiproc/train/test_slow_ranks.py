@@ -20,7 +20,7 @@ import pytest
 
 from helpers.launch_helpers import SCRIPTS, ddpkit_cli, worker_lines
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
 
 PHASES = ("data", "compute", "sync", "optimizer", "other")
 EPOCHS = 2  # slow_rank.py's runs, but for taskset's
