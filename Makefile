@@ -33,11 +33,11 @@ demo: $(VENV)/.examples-installed
 	  $(BIN)/ddpkit run --nproc $(NPROC) examples/wine.py --epochs $(EPOCHS) --checkpoint-dir runs/wine-demo
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
-# Two passes: TEST_WORKERS pytest workers (pytest-xdist; a module's tests stay together), then
-# the tests marked serial (they time things) alone.
+# Two passes: TEST_WORKERS pytest workers (pytest-xdist; a module's tests stay on one, so a job
+# its module fixture launched is shared), then the tests marked serial (they time things) alone.
 test: test-notice $(VENV)/.test-installed lint typecheck
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" \
-	  -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
 	$(MAKE) test-oldest
 

@@ -32,18 +32,6 @@ _SET_BY_LIBRARIES = {
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (--dist loadgroup)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """make test runs 2 pytest workers: a module's tests stay on one, so a job its module
-    fixture launched is shared there, not launched again; tests that make hosts (network
-    namespaces, the cluster tier) share the group "hosts", so one network is made at a time."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        group = "hosts" if item.get_closest_marker("cluster") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-
-
 @pytest.fixture(autouse=True)
 def clean_distributed_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No launcher variables leak in; no process group or ddpkit world leaks out."""

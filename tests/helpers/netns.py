@@ -14,6 +14,7 @@ same address and take the new hosts' traffic.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import re
@@ -72,18 +73,20 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
     removed (namespaces, switch, hosts files) on exit."""
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "nsenter", "unshare")):
         pytest.skip("virtual hosts need root, iproute2 (ip) and util-linux (nsenter, unshare)")
-    _remove_stale_switches()
     tag = f"{os.getpid()}x{next(_networks)}"
-    switch, subnet = f"dkbr{tag}", _free_subnet()
+    switch = f"dkbr{tag}"
+    with _network_lock():  # make test runs 2 pytest workers: each picks a subnet in turn
+        _remove_stale_switches()
+        subnet = _free_subnet()
+        try:
+            _make_switch(switch, f"{subnet}.1")
+        except subprocess.CalledProcessError as err:
+            pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
     names = [(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"dkv{tag}{i}") for i in range(count)]
     hosts = [
         VirtualHost(namespace, name, f"{subnet}.{i + 2}", cable, f"{subnet}.1")
         for i, (namespace, name, cable) in enumerate(names)
     ]
-    try:
-        _make_switch(switch, f"{subnet}.1")
-    except subprocess.CalledProcessError as err:
-        pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
     try:
         for host in hosts:
             _plug(host, switch, host.cable, hosts)
@@ -106,6 +109,14 @@ def _remove_stale_switches() -> None:
             subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
             shutil.rmtree(f"/etc/netns/{namespace}", ignore_errors=True)
         subprocess.run(["ip", "link", "del", f"dkbr{tag}"], capture_output=True)
+
+
+@contextlib.contextmanager
+def _network_lock() -> Iterator[None]:
+    """One test process at a time between looking for a free subnet and taking it."""
+    with open("/run/lock/ddpkit-test-networks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def _free_subnet() -> str:

@@ -17,7 +17,7 @@ import pytest
 from helpers.launch_helpers import REPO, metric_lines, wine_on_one_host
 from helpers.netns import VirtualHost, virtual_hosts
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.xdist_group("hosts")]  # network namespaces
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.fixture
