@@ -52,9 +52,10 @@ test-notice:
 # ddpkit run, resume, a restart after kill -9, SIGUSR1, and an FSDP run with its resume.
 test-oldest: $(OLDEST_VENV)/.test-installed
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
-	  -p no:cacheprovider tests/unit src/ddpkit $(PYTEST_ARGS)
+	  -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/unit src/ddpkit $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
-	  -p no:cacheprovider -m oldest_torch tests/multiproc $(PYTEST_ARGS)
+	  -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m oldest_torch tests/multiproc \
+	  $(PYTEST_ARGS)
 
 # On a GPU machine, with its own Python and nothing installed (docs/development.md): the GPU
 # tier and the GPU parity benchmark, at most 8 minutes on one GPU, a summary in GPU_CHECK_OUT.

@@ -36,6 +36,9 @@ def nan_on_rank_1(world: ddpkit.World) -> None:
 def main() -> None:
     world = ddpkit.init(timeout=60)
     if MODE == "every_rank":
+        # Both out of init first: a rank still inside it when the other's error ends the job
+        # fails as "a peer left while in init", which is what happened (seen under load).
+        ddpkit.all_reduce_sum(1.0)
         raise ValueError("learning rate must be positive (got -0.1)")
     if MODE == "too_few_samples":
         ddpkit.prepare_loader(TensorDataset(torch.randn(1, 4)), batch_size=4)
