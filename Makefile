@@ -22,6 +22,8 @@ TEST_EXTRAS ?= test,mlflow,wandb
 LOCK_VENV   ?= .venv-lock
 NPROC       ?= 2
 TEST_WORKERS ?= 2
+# pytest-xdist: a module's tests stay on one worker, so a job its module fixture launched is shared.
+ON_WORKERS  := -n $(TEST_WORKERS) --dist loadfile
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
@@ -33,11 +35,10 @@ demo: $(VENV)/.examples-installed
 	  $(BIN)/ddpkit run --nproc $(NPROC) examples/wine.py --epochs $(EPOCHS) --checkpoint-dir runs/wine-demo
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
-# Two passes: TEST_WORKERS pytest workers (pytest-xdist; a module's tests stay on one, so a job
-# its module fixture launched is shared), then the tests marked serial (they time things) alone.
+# Two passes: on TEST_WORKERS pytest workers, then the tests marked serial (they time things) alone.
 test: test-notice $(VENV)/.test-installed lint typecheck
-	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" \
-	  -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" $(ON_WORKERS) \
+	  $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
 	$(MAKE) test-oldest
 
@@ -52,10 +53,9 @@ test-notice:
 # ddpkit run, resume, a restart after kill -9, SIGUSR1, and an FSDP run with its resume.
 test-oldest: $(OLDEST_VENV)/.test-installed
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
-	  -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests/unit src/ddpkit $(PYTEST_ARGS)
+	  -p no:cacheprovider $(ON_WORKERS) tests/unit src/ddpkit $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
-	  -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile -m oldest_torch tests/multiproc \
-	  $(PYTEST_ARGS)
+	  -p no:cacheprovider $(ON_WORKERS) -m oldest_torch tests/multiproc $(PYTEST_ARGS)
 
 # On a GPU machine, with its own Python and nothing installed (docs/development.md): the GPU
 # tier and the GPU parity benchmark, at most 8 minutes on one GPU, a summary in GPU_CHECK_OUT.
