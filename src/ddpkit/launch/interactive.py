@@ -1,16 +1,17 @@
 """``ddpkit.spawn`` from a notebook or a REPL: how a function typed there reaches its workers.
 
-Workers are normally started with the spawn method: a fresh interpreter imports the
-function's module and looks the function up by name. A function typed into ``python -i``, a
-Jupyter cell or IPython lives in a ``__main__`` that has no file, so a fresh interpreter cannot
-find it. Such a function is sent by fork instead (as HF Accelerate's ``notebook_launcher``
-does): the workers are copies of this process, the function included. Fork is safe only
-before CUDA is initialized in this process (a forked child cannot use the parent's CUDA
-context), so that case is refused with what to do.
+Workers are normally forked from a warm server (:mod:`ddpkit.launch.forkserver`; spawn
+where the platform has no forkserver), which imports the function's module and looks the
+function up by name. A function typed into ``python -i``, a Jupyter cell or IPython lives
+in a ``__main__`` that has no file, so neither can find it. Such a function is sent by
+fork instead (as HF Accelerate's ``notebook_launcher`` does): the workers are copies of this
+process, the function included. Fork is safe only before CUDA is initialized in this
+process (a forked child cannot use the parent's CUDA context), so that case is refused with
+what to do.
 
 Example:
-    >>> start_method_for(print)
-    'spawn'
+    >>> start_method_for(print) in ("forkserver", "spawn")
+    True
 """
 
 from __future__ import annotations
@@ -20,19 +21,20 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.errors import ConfigError
+from ddpkit.launch.forkserver import warm_start_method
 
 
 def start_method_for(fn: Callable[..., Any]) -> str:
-    """ "fork" for a function defined in an interactive ``__main__``, else "spawn".
+    """ "fork" for a function defined in an interactive ``__main__``, else the warm method.
 
     Example:
         >>> def typed_in_a_notebook(): ...
         >>> typed_in_a_notebook.__module__ = "__main__"
-        >>> start_method_for(typed_in_a_notebook) in ("fork", "spawn")
+        >>> start_method_for(typed_in_a_notebook) in ("fork", "forkserver", "spawn")
         True
     """
     if getattr(fn, "__module__", None) != "__main__" or _main_has_a_file():
-        return "spawn"
+        return warm_start_method()
     if _cuda_initialized():
         name = getattr(fn, "__qualname__", repr(fn))
         raise ConfigError(

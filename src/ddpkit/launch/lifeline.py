@@ -5,7 +5,8 @@ outright (``kill -9``, the OOM killer) cannot stop them, and they would train on
 Each worker asks Linux to send it SIGTERM when its launcher dies (``PR_SET_PDEATHSIG``): a
 worker inside ``Trainer.fit`` then checkpoints at the next step and exits, any other worker
 ends at once. Script workers do this in :mod:`ddpkit.launch.worker` before the script starts;
-``ddpkit.spawn``'s function workers through :class:`Tied`.
+``ddpkit.spawn``'s function workers through :class:`Tied`. Those are forked by the forkserver
+(:mod:`ddpkit.launch.forkserver`), not by the launcher, so they watch the launcher's pidfd.
 
 Example:
     >>> die_with_launcher(environ={})  # not started by a ddpkit launcher: nothing to tie to
@@ -16,12 +17,15 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpkit._core.protocol import LAUNCHER_PID_ENV
+from ddpkit.launch.forkserver import restore_launch_environment
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -41,19 +45,47 @@ def die_with_launcher(
     launcher = (os.environ if environ is None else environ).get(LAUNCHER_PID_ENV)
     if launcher is None or not sys.platform.startswith("linux"):
         return False
+    if os.getppid() == int(launcher):
+        return _tie_to_parent(int(launcher), sig)
+    return _watch(int(launcher), sig)
+
+
+def _tie_to_parent(launcher: int, sig: signal.Signals) -> bool:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
-    if os.getppid() != int(launcher):  # it died before the tie was made
+    if os.getppid() != launcher:  # it died before the tie was made
         os.kill(os.getpid(), sig)
+    return True
+
+
+def _watch(launcher: int, sig: signal.Signals) -> bool:
+    """A worker forked by the forkserver: its parent is the server, which outlives the
+    launcher while any worker holds the server's alive-pipe, so the kernel's parent-death
+    signal would never come. A thread waits on the launcher's pidfd instead."""
+    try:
+        pidfd = os.pidfd_open(launcher)
+    except ProcessLookupError:  # it died before the tie was made
+        os.kill(os.getpid(), sig)
+        return True
+    except (AttributeError, OSError):  # no pidfd (Linux < 5.3)
+        return False
+
+    def signal_when_gone() -> None:
+        select.select([pidfd], [], [])
+        os.kill(os.getpid(), sig)
+
+    threading.Thread(target=signal_when_gone, name="ddpkit-lifeline", daemon=True).start()
     return True
 
 
 class Tied:
     """A function to run in a worker of ``ddpkit.spawn``, tied to its launcher first.
 
-    A class rather than ``functools.partial``: torch's launcher names the entrypoint by its
-    ``__name__``, and the worker receives it pickled.
+    It carries the launch's environment (taken where it is made, inside the launch), which a
+    worker forked from the forkserver would otherwise not see. A class rather than
+    ``functools.partial``: torch's launcher names the entrypoint by its ``__name__``, and the
+    worker receives it pickled.
 
     Example:
         >>> Tied(max)(1, 2)
@@ -62,9 +94,11 @@ class Tied:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
+        self.launch_env = dict(os.environ)
         self.__name__ = getattr(fn, "__name__", "worker")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
+        restore_launch_environment(self.launch_env)
         die_with_launcher()
         return self.fn(*args)

@@ -21,7 +21,7 @@ typed_in_a_notebook.__module__ = "__main__"
 def test_a_function_of_a_file_is_spawned_and_one_typed_in_is_forked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert start_method_for(print) == "spawn"
+    assert start_method_for(print) == "forkserver"  # Linux: workers forked from a warm server
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__
     assert start_method_for(typed_in_a_notebook) == "fork"
 

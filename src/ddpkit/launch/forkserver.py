@@ -1,0 +1,78 @@
+"""``ddpkit.spawn``'s workers forked from a warm server: torch imported once per session.
+
+A worker started with the spawn method is a fresh interpreter that imports torch (2-3 s on
+a CPU) and, at its first optimizer, torch._dynamo (about 2 s more) before its first step.
+With Python's forkserver method one server process imports them once, and every worker is
+a fork of it, so a second ``ddpkit.spawn`` in the same session (a notebook, a test suite, a
+sweep) starts its workers in a fraction of a second. The server never touches CUDA, so its
+children may (torch's advice for CUDA is spawn or forkserver; Python 3.14 made forkserver the
+default on Linux).
+
+A forked worker inherits the server's environment, frozen when the server started, not the
+caller's at this launch; :func:`restore_launch_environment` puts the launch's environment
+back, keeping what torch's launcher set for this rank.
+
+Example:
+    >>> warm_start_method() in ("forkserver", "spawn")
+    True
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Mapping
+
+# Imported by the server once, inherited by every worker it forks.
+PRELOADED = ("ddpkit.launch.forkserver", "torch._dynamo")
+
+# Set by torch's agent for each rank whatever the caller's environment holds (its
+# ``worker_env`` and the error file), so a value equal to the server's is still torch's.
+_PER_RANK = frozenset(
+    {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "WORLD_SIZE"}
+    | {"LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    | {"TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+)
+_PER_RANK_PREFIX = "TORCHELASTIC_"
+
+# In a worker forked by the server, this module was imported in the server: this is the
+# environment every fork starts from. In a spawned worker it is the worker's first one.
+_STARTING_ENV = dict(os.environ)
+
+
+def warm_start_method() -> str:
+    """ "forkserver" (preloading torch in the server) where the platform has it, else "spawn".
+
+    The preload list takes effect when the server starts, at the first forkserver launch
+    of this process; a server someone else started earlier keeps its own (slower, correct).
+
+    Example:
+        >>> warm_start_method() in ("forkserver", "spawn")
+        True
+    """
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    multiprocessing.set_forkserver_preload(list(PRELOADED))
+    return "forkserver"
+
+
+def restore_launch_environment(launch_env: Mapping[str, str]) -> None:
+    """Make this worker's environment ``launch_env`` plus what torch set for this rank.
+
+    Called first thing in a worker, after torch's wrapper wrote the rank's variables. A
+    variable counts as torch's if it is one torch sets per rank, or if its value changed
+    since the worker started.
+
+    Example::
+
+        restore_launch_environment({"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"})
+    """
+    from_torch = {k: v for k, v in os.environ.items() if _set_for_this_rank(k, v)}
+    os.environ.clear()
+    os.environ.update(launch_env)
+    os.environ.update(from_torch)
+
+
+def _set_for_this_rank(name: str, value: str) -> bool:
+    per_rank = name in _PER_RANK or name.startswith(_PER_RANK_PREFIX)
+    return per_rank or _STARTING_ENV.get(name) != value
