@@ -1,4 +1,4 @@
-"""Strategies side by side: step time and per-rank memory of DDP, DDP + bf16 hook, and FSDP.
+"""Strategies side by side: step time and per-rank memory of DDP, DDP + bf16 hook, FSDP, HSDP.
 
 PowerSGD is left out: with torch 2.13 on gloo, after compressed PowerSGD steps on 512-wide
 layers, building a new DDP model in the same process hung, and process exit intermittently
@@ -11,6 +11,7 @@ the bytes each rank holds for parameters, gradients and Adam state. Times are co
 only within one run; memory is exact.
 
     .venv/bin/python benchmarks/strategies.py                 # defaults: 2 workers, ~3.2M params
+    .venv/bin/python benchmarks/strategies.py --workers 4     # HSDP as a 2x2 mesh
     .venv/bin/python benchmarks/strategies.py --width 512 --steps 5 --rounds 1   # a quick look
 """
 
@@ -28,11 +29,18 @@ from torch.distributed.tensor import DTensor
 
 import ddpkit
 
-CONFIGS: dict[str, dict[str, Any]] = {
-    "ddp": {"strategy": "ddp"},
-    "ddp + bf16 hook": {"strategy": "ddp", "comm_hook": "bf16"},
-    "fsdp": {"strategy": "fsdp", "fsdp_units": (nn.Linear,)},
-}
+
+def configs(hsdp_shard_size: int) -> dict[str, dict[str, Any]]:
+    """The configurations compared; HSDP shards over ``hsdp_shard_size`` ranks per replica."""
+    sharded: dict[str, Any] = {"fsdp_units": (nn.Linear,)}
+    return {
+        "ddp": {"strategy": "ddp"},
+        "ddp + bf16 hook": {"strategy": "ddp", "comm_hook": "bf16"},
+        "fsdp": {"strategy": "fsdp", **sharded},
+        f"hsdp (shard {hsdp_shard_size})": {
+            "strategy": "hsdp", "hsdp_shard_size": hsdp_shard_size, **sharded,
+        },
+    }  # fmt: skip
 
 
 def make_mlp(width: int) -> nn.Module:
@@ -77,15 +85,16 @@ def time_config(config: dict[str, Any], width: int, steps: int, batch: int) -> t
     return statistics.median(times[WARMUP_STEPS:]), memory
 
 
-def worker(width: int, steps: int, batch: int, rounds: int) -> dict[str, Any]:
+def worker(width: int, steps: int, batch: int, rounds: int, shard: int) -> dict[str, Any]:
     ddpkit.init(timeout=600)
-    names = list(CONFIGS)
+    compared = configs(shard)
+    names = list(compared)
     times: dict[str, list[float]] = {name: [] for name in names}
     memory: dict[str, int] = {}
     for round_index in range(rounds):
         order = names if round_index % 2 == 0 else names[::-1]  # alternate: fair to drift
         for name in order:
-            seconds, memory[name] = time_config(CONFIGS[name], width, steps, batch)
+            seconds, memory[name] = time_config(compared[name], width, steps, batch)
             times[name].append(seconds)
     return {name: (statistics.median(times[name]), memory[name]) for name in names}
 
@@ -97,9 +106,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="samples per device per step")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (median)")
+    parser.add_argument(
+        "--hsdp-shard-size", type=int, default=None, help="default: half the workers (2x2 on 4)"
+    )
     args = parser.parse_args()
     params = sum(p.numel() for p in make_mlp(args.width).parameters())
-    results = ddpkit.spawn(worker, args.workers, args.width, args.steps, args.batch, args.rounds)
+    shard = args.hsdp_shard_size or max(1, args.workers // 2)
+    results = ddpkit.spawn(
+        worker, args.workers, args.width, args.steps, args.batch, args.rounds, shard
+    )
     base_time = results[0]["ddp"][0]
     print(
         f"\n{args.workers} workers, MLP of {params / 1e6:.2f}M parameters, Adam, batch "

@@ -12,6 +12,8 @@ warm-up. The validation loss and perplexity are reported each epoch.
     ddpkit run --nproc 2 --max-restarts 1 examples/gpt.py --checkpoint-dir runs/gpt \
         --save-every-steps 20                              # survives a worker's crash
     ddpkit verify examples/gpt.py --workers 2 --steps 10   # N workers == 1 process
+    ddpkit run --nproc 2 examples/gpt.py --strategy fsdp --activation-checkpointing
+                                                           # blocks sharded, recomputed
 """
 
 from __future__ import annotations
@@ -170,7 +172,24 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", default=None, help="where checkpoints go (resumes)")
     parser.add_argument("--save-every-steps", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", choices=["ddp", "fsdp", "hsdp"], default="ddp",
+                        help="fsdp/hsdp shard each Block as a unit")  # fmt: skip
+    parser.add_argument("--hsdp-shard-size", type=int, default=None, help="ranks per replica")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each Block's activations in backward")  # fmt: skip
     return parser.parse_args()
+
+
+def prepare(model: GPT, args: argparse.Namespace) -> nn.Module:
+    """Wrap for the strategy asked; a sharded strategy makes each Block an FSDP unit."""
+    options: dict[str, object] = {}
+    if args.strategy != "ddp":
+        options["fsdp_units"] = (Block,)
+    if args.hsdp_shard_size:
+        options["hsdp_shard_size"] = args.hsdp_shard_size
+    if args.activation_checkpointing:
+        options["activation_checkpointing"] = (Block,)
+    return ddpkit.prepare_model(model, args.strategy, **options)
 
 
 def main() -> None:
@@ -178,7 +197,7 @@ def main() -> None:
     ddpkit.init(seed=args.seed)  # the same initial weights on every rank
     config = GPTConfig()
     train_set, val_set = load_text(config.block_size)
-    model = ddpkit.prepare_model(GPT(config))
+    model = prepare(GPT(config), args)
     plan = ddpkit.plan_batch(args.batch_size, args.batch_policy)
     train = ddpkit.prepare_loader(train_set, plan)
     val = ddpkit.prepare_loader(val_set, plan, shuffle=False)

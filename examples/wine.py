@@ -7,6 +7,7 @@ StandardScaler fitted on the train split, an MLP 13 -> 64 -> 3, Adam (lr 1e-3), 
     python examples/wine.py --epochs 100                    # one process
     ddpkit run --nproc 2 examples/wine.py --epochs 100      # two workers, DDP over gloo
     ddpkit run --nproc 2 examples/wine.py --strategy fsdp --precision bf16
+    ddpkit run --nproc 4 examples/wine.py --strategy hsdp --hsdp-shard-size 2   # a 2x2 mesh
     ddpkit run --nproc 2 examples/wine.py --batch-policy global --batch-size 64
     ddpkit run --nproc 2 --max-restarts 3 examples/wine.py --checkpoint-dir runs/wine \
         --save-every-steps 50                                # survives a worker's crash
@@ -58,7 +59,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-3, help="for --batch-size in one process")
     parser.add_argument("--lr-scaling", choices=["none", "linear", "sqrt"], default="none")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-steps per step")
-    parser.add_argument("--strategy", choices=["ddp", "fsdp", "dp", "none"], default="ddp")
+    parser.add_argument("--strategy", choices=["ddp", "fsdp", "hsdp", "dp", "none"], default="ddp")
+    parser.add_argument(
+        "--hsdp-shard-size",
+        type=int,
+        default=None,
+        help="hsdp: ranks per replica (default: per node)",
+    )
     parser.add_argument("--comm-hook", choices=["fp16", "bf16", "powersgd"], default=None)
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -79,8 +86,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def hook_option(args: argparse.Namespace) -> dict[str, str]:
-    return {"comm_hook": args.comm_hook} if args.comm_hook else {}
+def strategy_options(args: argparse.Namespace) -> dict[str, object]:
+    options: dict[str, object] = {"comm_hook": args.comm_hook} if args.comm_hook else {}
+    if args.hsdp_shard_size:
+        options["hsdp_shard_size"] = args.hsdp_shard_size
+    return options
 
 
 def trackers(args: argparse.Namespace) -> list[ddpkit.Tracker]:
@@ -94,7 +104,7 @@ def main() -> None:
     ddpkit.init(seed=args.seed)  # the same model on every rank; DDP/FSDP broadcast it too
     train_set, test_set = load_data()
     model = ddpkit.prepare_model(
-        make_model(), args.strategy, compile=args.compile, **hook_option(args)
+        make_model(), args.strategy, compile=args.compile, **strategy_options(args)
     )
     plan = ddpkit.plan_batch(
         args.batch_size,

@@ -32,6 +32,7 @@ from ddpkit.errors import (
 )
 
 if TYPE_CHECKING:
+    from ddpkit.checkpoint.export import export_checkpoint
     from ddpkit.data.batches import to_device
     from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
     from ddpkit.data.metricsgather import gather_for_metrics
@@ -63,6 +64,7 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
+    "export_checkpoint": "ddpkit.checkpoint.export",
     "to_device": "ddpkit.data.batches",
     "gather_for_metrics": "ddpkit.data.metricsgather",
     "BatchPlan": "ddpkit.data.loader",
@@ -138,6 +140,7 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "current_world",
+    "export_checkpoint",
     "gather_for_metrics",
     "get_rank",
     "init",

@@ -1,5 +1,6 @@
 """The ``ddpkit`` command: ``run`` launches, ``bench`` measures scaling, ``verify`` proves N
-workers equal one process, ``doctor`` checks the environment, ``slurm`` writes sbatch.
+workers equal one process, ``doctor`` checks the environment, ``slurm`` writes sbatch,
+``export`` writes a checkpoint's weights to one file.
 
 Every command lives in a module of its own with the same three names: ``add_arguments(parser)``,
 ``main(args) -> int`` and, where a command's options may follow its SCRIPT,
@@ -41,6 +42,7 @@ COMMANDS = {
     "verify": "ddpkit.tools.verify.command",
     "doctor": "ddpkit.tools.doctor.command",
     "slurm": "ddpkit.tools.slurm.command",
+    "export": "ddpkit.tools.export.command",
 }
 
 

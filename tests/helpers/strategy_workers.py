@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,17 @@ def initial_weights(strategy: str) -> dict[str, torch.Tensor]:
     return full_state(model)
 
 
-def load_wine() -> Any:
-    spec = importlib.util.spec_from_file_location("wine_example", EXAMPLES / "wine.py")
+def load_example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"{name}_example", EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
+
+
+def load_wine() -> Any:
+    return load_example("wine")
 
 
 def wine_accuracy(comm_hooks: list[str | None], epochs: int, precision: str = "fp32") -> list:
@@ -176,3 +182,63 @@ def two_optimizers_resumed(strategy: str, folder: str) -> dict[str, Any]:
     straight = fit(f"{folder}/straight", 4)
     fit(f"{folder}/cut", 2)
     return {"straight": straight, "resumed": fit(f"{folder}/cut", 4)}
+
+
+class CountBatches(ddpkit.Callback):
+    """How many training batches this process ran (each one optimizer step here)."""
+
+    rank_zero_only = False
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Any) -> None:
+        self.n += 1
+
+
+def train_hybrid(
+    strategy: str,
+    shard_size: int | None,
+    folder: str,
+    epochs: int = 3,
+    crash_at: int | None = None,
+) -> dict[str, Any]:
+    """Adam on 64 toy samples at a global batch of 16 (4 steps an epoch, whatever the world
+    size), checkpointing every 2 steps; the final whole parameters, the start-up line and
+    the optimizer steps this run took. ``shard_size`` goes to HSDP; ``crash_at=S`` raises
+    before optimizer step S."""
+    ddpkit.init(timeout=60)
+    options = {"hsdp_shard_size": shard_size} if shard_size else {}
+    model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=(nn.Linear,), **options)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    counted = CountBatches()
+    trainer = ddpkit.Trainer(
+        model, optimizer, F.cross_entropy, folder, save_every_steps=2, callbacks=[counted]
+    )
+    if crash_at is not None:
+        crash_before_step(trainer, crash_at, RuntimeError)
+    loader = ddpkit.prepare_loader(toy_dataset(64), ddpkit.plan_batch(16, "global"))
+    trainer.fit(loader, epochs=epochs)
+    return {"state": full_state(model), "startup": trainer.setup.describe(), "steps": counted.n}
+
+
+def gpt_with_recompute(
+    strategy: str, recompute: bool, compile_options: dict[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
+    """Four AdamW steps of the GPT example on fixed batches; the final whole parameters."""
+    ddpkit.init(timeout=120, seed=0)
+    gpt = load_example("gpt")
+    options: dict[str, Any] = {"fsdp_units": (gpt.Block,)} if strategy != "ddp" else {}
+    if recompute:
+        options["activation_checkpointing"] = (gpt.Block,)
+    if compile_options is not None:
+        options["compile"] = compile_options
+    model = ddpkit.prepare_model(gpt.GPT(gpt.GPTConfig()), strategy, **options)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(ddpkit.current_world().rank)
+    for _ in range(4):
+        ids = torch.randint(0, 256, (4, 65), generator=generator)
+        model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return full_state(model)

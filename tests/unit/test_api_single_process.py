@@ -46,9 +46,8 @@ def test_model_is_left_unwrapped_in_a_world_of_one() -> None:
 
 def test_unknown_strategy_lists_the_choices() -> None:
     ddpkit.init()
-    with pytest.raises(
-        ConfigError, match="unknown strategy 'zero3'; choose one of 'ddp', 'fsdp', 'dp', 'none'"
-    ):
+    choices = "'ddp', 'fsdp', 'hsdp', 'dp', 'none'"
+    with pytest.raises(ConfigError, match=f"unknown strategy 'zero3'; choose one of {choices}"):
         ddpkit.prepare_model(torch.nn.Linear(2, 2), strategy="zero3")
 
 

@@ -52,11 +52,12 @@ class RunSetup:
     accumulate: int = 1
     lrs: str = ""  # every optimizer's rates, when there is more to say than ``lr``
     padding: str | None = None  # what the sampler did to even out the shards
+    layout: str = ""  # how the strategy arranged the ranks (HSDP: "2 replicas x 2 shards")
 
     @classmethod
     def of(
         cls, strategy: str, optimizers: Mapping[str, Any], loader: Any, world_size: int,
-        stepping: Stepping,
+        stepping: Stepping, layout: str = "",
     ) -> RunSetup:  # fmt: skip
         """The set-up of a run of ``strategy`` and ``optimizers`` on ``loader`` (None: not
         known yet), stepping as ``stepping`` says (the loop's options).
@@ -76,7 +77,7 @@ class RunSetup:
             plan.base_batch if plan is not None else None,
             plan.lr_scaling if plan is not None else None,
             getattr(loader, "num_workers", None), float(first), precision,
-            accumulate, _lr_text(optimizers), _padding(loader),
+            accumulate, _lr_text(optimizers), _padding(loader), layout,
         )  # fmt: skip
 
     def record(self) -> dict[str, Any]:
@@ -91,6 +92,7 @@ class RunSetup:
     def describe(self) -> str:
         """The start-up line, ``training DDP; global batch 64 = ...; lr 0.001; fp32``."""
         name = self.strategy.upper() if self.strategy != "none" else "an unwrapped model"
+        name += f" ({self.layout})" if self.layout else ""
         batch = _batch_text(self.per_device_batch, self.world_size, self.accumulate)
         if self.batch_policy != "per_device":
             batch += f" (batch_policy={self.batch_policy})"

@@ -29,7 +29,7 @@ from ddpkit.parallel.compiled import uncompiled
 if TYPE_CHECKING:
     from ddpkit.env.world import World
 
-StrategyName = Literal["ddp", "fsdp", "dp", "none"]
+StrategyName = Literal["ddp", "fsdp", "hsdp", "dp", "none"]
 CheckpointKind = Literal["whole", "sharded"]
 # What ranks with different numbers of batches need: torch's Join (DDP), a refusal (FSDP's
 # all-gathers cannot be joined), or nothing (no collective runs inside the loop).
@@ -60,6 +60,12 @@ class Strategy(ABC):
     @abstractmethod
     def owns(self, model: nn.Module) -> bool:
         """Whether ``model`` is wrapped by this strategy."""
+
+    @property
+    def layout(self) -> str:
+        """How the ranks are arranged, for the start-up line ("" when there is no more to
+        say than the name; HSDP: "2 replicas x 2 shards")."""
+        return ""
 
     @property
     def sharded(self) -> bool:

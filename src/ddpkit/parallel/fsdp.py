@@ -33,11 +33,14 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy
+from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.compiled import uncompiled
+from ddpkit.parallel.recompute import unit_of
 from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
     from ddpkit.env.world import World
 
 _FSDP_MODULE = "torch.distributed.fsdp"
@@ -51,8 +54,8 @@ class FullyShardedStrategy(Strategy):
         (True, False)
     """
 
-    name = "fsdp"
-    options = ("fsdp_units",)
+    name: StrategyName = "fsdp"
+    options: tuple[str, ...] = ("fsdp_units",)
     replicas_identical = False
     checkpoint_kind = "sharded"
     uneven_batches = "refuse"
@@ -82,12 +85,15 @@ def shard_model(
     units: Sequence[type[nn.Module]] = (),
     *,
     reshard_after_forward: bool = True,
+    mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Move ``model`` to the world's device and shard it with FSDP2.
 
     ``units`` are module classes that each become their own FSDP unit (innermost first);
     the root is always one. ``reshard_after_forward=False`` keeps parameters gathered from
-    forward to backward: faster, more memory (ZeRO-2 instead of ZeRO-3).
+    forward to backward: faster, more memory (ZeRO-2 instead of ZeRO-3). ``mesh`` is FSDP's
+    DeviceMesh: None shards over every rank, a 2-D (replicate, shard) mesh is HSDP
+    (:mod:`ddpkit.parallel.hsdp`).
 
     Example::
 
@@ -100,11 +106,29 @@ def shard_model(
     from torch.distributed.fsdp import fully_shard  # only when a model is sharded
 
     broadcast_module_state(model)
-    for module in list(model.modules())[1:]:
-        if isinstance(module, tuple(units)) and any(True for _ in module.parameters()):
-            fully_shard(module, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+    for module in unit_modules(model, units):
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def unit_modules(model: nn.Module, units: Sequence[type[nn.Module]]) -> list[nn.Module]:
+    """The submodules of ``model`` that become FSDP units: those of the ``units`` classes with
+    parameters, a block's activation-checkpoint wrapper standing for it (torchtitan's order).
+
+    Example:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> [type(m).__name__ for m in unit_modules(net, [torch.nn.Linear])]
+        ['Linear']
+    """
+    wrapped = {id(unit_of(m)) for m in model.modules() if unit_of(m) is not m}
+    return [
+        module
+        for module in list(model.modules())[1:]
+        if id(module) not in wrapped
+        and isinstance(unit_of(module), tuple(units))
+        and any(True for _ in module.parameters())
+    ]
 
 
 def is_sharded(model: nn.Module) -> bool:

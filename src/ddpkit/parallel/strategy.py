@@ -1,9 +1,12 @@
-"""How the model is parallelized, chosen by name: "ddp" (default), "fsdp", "dp" or "none".
+"""How the model is parallelized, chosen by name: "ddp" (default), "fsdp", "hsdp", "dp" or
+"none".
 
 - ``"ddp"``: torch's ``DistributedDataParallel`` (:mod:`ddpkit.parallel.ddp`): a replica per
   rank, gradients averaged by all-reduce during ``backward()``;
 - ``"fsdp"``: FSDP2 (:mod:`ddpkit.parallel.fsdp`): parameters and optimizer state sharded
   over the ranks, for models whose training state does not fit one device;
+- ``"hsdp"``: FSDP2 on a (replicate, shard) mesh (:mod:`ddpkit.parallel.hsdp`): sharded within
+  a node, replicated across nodes, so only gradients cross between nodes;
 - ``"dp"``: torch's ``DataParallel`` (:mod:`ddpkit.parallel.dp`), one process driving every
   visible GPU, kept because the tutorials compare it with DDP;
 - ``"none"``: only moved to the device (:mod:`ddpkit.parallel.unwrapped`).
@@ -30,18 +33,21 @@ from typing import Any, get_args
 
 from torch import nn
 
+from ddpkit._core.log import logger
 from ddpkit._core.validate import check_choice
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook
 from ddpkit.parallel.compiled import compile_request, compiled, uncompiled
+from ddpkit.parallel.recompute import check_every, checkpoint_blocks, checkpointed_classes
 from ddpkit.runtime.callbacks import registered_callbacks
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.watchdog import watch
 
 # name -> "module:descriptor". Asked in this order which one owns a model; "none" owns any.
 STRATEGY_MODULES: dict[str, str] = {
+    "hsdp": "ddpkit.parallel.hsdp:HSDP",  # before "fsdp", whose models it also is
     "fsdp": "ddpkit.parallel.fsdp:FSDP",
     "ddp": "ddpkit.parallel.ddp:DDP",
     "dp": "ddpkit.parallel.dp:DP",
@@ -58,20 +64,27 @@ def prepare_model(
     comm_hook: CommHook | None = None,
     fsdp_units: Sequence[type[nn.Module]] = (),
     compile: bool | dict[str, Any] = False,
+    activation_checkpointing: bool | Sequence[type[nn.Module]] = False,
+    activation_checkpointing_every: int = 1,
     **ddp_options: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for data-parallel training.
 
-    ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"dp"`` or ``"none"`` (see the module
-    docstring for when to use which). DDP's own options pass through unchanged:
+    ``strategy`` is ``"ddp"`` (default), ``"fsdp"``, ``"hsdp"``, ``"dp"`` or ``"none"`` (see
+    the module docstring for when to use which). DDP's own options pass through unchanged:
     ``bucket_cap_mb``, ``find_unused_parameters``, ``static_graph``,
     ``gradient_as_bucket_view``, ``broadcast_buffers``; ``comm_hook`` compresses DDP's
     gradient traffic (``"fp16"``, ``"bf16"``, ``"powersgd"``; see :mod:`ddpkit.parallel.commhooks`).
-    ``fsdp_units`` are the module classes FSDP shards as separate units. ``sync_batchnorm=True``
+    ``fsdp_units`` are the module classes FSDP and HSDP shard as separate units;
+    ``hsdp_shard_size`` the ranks each HSDP replica is sharded over (default: the workers per
+    node). ``sync_batchnorm=True``
     converts BatchNorm layers to SyncBatchNorm, so statistics are computed over the global
     batch (in a world of one there is nothing to synchronize). ``compile=True`` (or a dict of
     ``torch.compile`` options) compiles the wrapped model, the order DDP and FSDP need (see
     :mod:`ddpkit.parallel.compiled`); a model compiled beforehand is compiled again that way.
+    ``activation_checkpointing`` recomputes the activations of the block classes given
+    (``True``: the ``fsdp_units``) in backward instead of keeping them, for every
+    ``activation_checkpointing_every``-th block (see :mod:`ddpkit.parallel.recompute`).
     Call ``ddpkit.init()`` first.
 
     Example:
@@ -86,6 +99,8 @@ def prepare_model(
     options = _given_options(ddp_options, comm_hook, fsdp_units)
     descriptor = get_strategy(strategy)
     _check_options(descriptor, options)
+    recomputed = checkpointed_classes(activation_checkpointing, fsdp_units)
+    every = check_every(activation_checkpointing_every)
     world = current_world()
     # Wrapping runs collectives (DDP checks the parameters' shapes and broadcasts rank 0's
     # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
@@ -95,6 +110,8 @@ def prepare_model(
             callback.on_model_built(model)
         if sync_batchnorm:
             model = _convert_sync_batchnorm(model, world)
+        if recomputed:
+            _checkpoint_activations(model, recomputed, every)
         wrapped = descriptor.wrap(model, world, options)
     return compiled(wrapped, compile_options)
 
@@ -162,12 +179,23 @@ def _check_options(descriptor: Strategy, options: dict[str, Any]) -> None:
         )
     misplaced = [name for name in options if name not in descriptor.options]
     if misplaced:
-        owner = next(n for n in STRATEGY_MODULES if misplaced[0] in get_strategy(n).options)
-        names = [name for name in misplaced if name in get_strategy(owner).options]
+        owners = [n for n in STRATEGIES if misplaced[0] in get_strategy(n).options]
+        names = [name for name in misplaced if name in get_strategy(owners[0]).options]
         verb = "applies" if len(names) == 1 else "apply"
+        where = " or ".join(f'"{owner}"' for owner in owners)
         raise ConfigError(
-            f'{", ".join(names)} only {verb} to strategy="{owner}", not {descriptor.name!r}'
+            f"{', '.join(names)} only {verb} to strategy={where}, not {descriptor.name!r}"
         )
+
+
+def _checkpoint_activations(
+    model: nn.Module, classes: tuple[type[nn.Module], ...], every: int
+) -> None:
+    count = checkpoint_blocks(model, classes, every)
+    names = ", ".join(c.__name__ for c in classes)
+    if count == 0:
+        raise ConfigError(f"activation_checkpointing: the model has no {names} module to recompute")
+    logger.info(f"activation checkpointing: {count} {names} block(s) recomputed in backward")
 
 
 def _convert_sync_batchnorm(model: nn.Module, world: World) -> nn.Module:

@@ -263,7 +263,9 @@ class TrainLoop:
             return
         self._started = True
         run, size = self.run, self.world.world_size
-        self.setup = RunSetup.of(run.strategy.name, run.optimizers, loader, size, self.options)
+        self.setup = RunSetup.of(
+            run.strategy.name, run.optimizers, loader, size, self.options, run.strategy.layout
+        )
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
         record_training_start(saver)

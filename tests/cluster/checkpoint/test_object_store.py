@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import ddpkit
 from ddpkit.checkpoint.background import wait_for_writes
 from ddpkit.checkpoint.storage import COMMIT_SUFFIX, ObjectFolder, checkpoint_folder
 from ddpkit.errors import CheckpointError
@@ -161,3 +162,17 @@ def test_a_two_worker_job_killed_with_sigkill_resumes_from_the_bucket_bit_identi
     expected = torch.load(tmp_path / "reference.pt", weights_only=True)
     final = torch.load(tmp_path / "out.pt", weights_only=True)
     assert [k for k in expected if not torch.equal(expected[k], final[k])] == []
+
+
+@pytest.mark.timeout(300)
+def test_the_newest_checkpoint_in_the_bucket_exports_to_one_safetensors_file(
+    url: str, tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file
+
+    final, _ = train(url, epochs=1)
+    result = ddpkit.export_checkpoint(url, tmp_path / "model.safetensors")
+    assert result.source == f"{url}/epoch_000001.pt"
+    exported = load_file(str(result.path))
+    assert exported.keys() == final.keys()
+    assert all(torch.equal(exported[name], tensor) for name, tensor in final.items())

@@ -42,6 +42,17 @@ def test_strategies_benchmark_reports_every_strategy() -> None:
         "benchmarks/strategies.py", "--width", "64", "--steps", "2", "--rounds", "1"
     )
     assert "| ddp |" in out and "| fsdp |" in out and "| ddp + bf16 hook |" in out
+    assert "| hsdp (shard 1) |" in out  # 2 workers: two replicas of one shard each
+
+
+@pytest.mark.timeout(320)
+def test_activation_memory_benchmark_keeps_less_with_recompute() -> None:
+    out = run_benchmark("benchmarks/activation_memory.py", "--blocks", "4", "--width", "64",
+                        "--batch", "256", "--steps", "1", "--rounds", "1")  # fmt: skip
+    kept = {row.split("|")[1].strip(): row.split("|")[2] for row in out.splitlines()
+            if row.startswith("| ddp") or row.startswith("| fsdp")}  # fmt: skip
+    mib = {name: float(text.split()[0]) for name, text in kept.items()}
+    assert mib["ddp + recompute"] < mib["ddp"] / 2 and mib["fsdp + recompute"] < mib["fsdp"] / 2
 
 
 @pytest.mark.timeout(320)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ def test_every_strategy_name_has_a_descriptor_of_that_name() -> None:
     [
         ("ddp", True, "whole", "join"),
         ("fsdp", False, "sharded", "refuse"),
+        ("hsdp", False, "sharded", "refuse"),
         ("dp", True, "whole", "free"),
         ("none", True, "whole", "free"),
     ],
@@ -47,7 +49,7 @@ def test_a_wrapped_model_is_owned_by_its_strategy() -> None:
 
 def test_prepare_model_in_a_world_of_one_leaves_the_model_unwrapped() -> None:
     ddpkit.init(hang_timeout=0)
-    for name in ("ddp", "fsdp", "none"):
+    for name in ("ddp", "fsdp", "hsdp", "none"):
         model = ddpkit.prepare_model(nn.Linear(2, 2), strategy=name)  # type: ignore[arg-type]
         assert strategy_of(model).name == "none" and isinstance(model, nn.Linear)
 
@@ -71,3 +73,32 @@ def test_a_ddp_model_is_ddp_when_torch_wraps_it(monkeypatch: pytest.MonkeyPatch)
         torch.nn.parallel.DistributedDataParallel
     )
     assert ddp.owns(fake) and strategy_of(fake).name == "ddp"
+
+
+@pytest.mark.parametrize(
+    ("shard_size", "said"),
+    [
+        (
+            3,
+            "hsdp_shard_size=3 does not divide the world of 4 ranks: each replica needs the same "
+            "number of shards. Use one of 1, 2, 4",
+        ),
+        (0, "hsdp_shard_size must be a positive whole number; got 0"),
+        (True, "hsdp_shard_size must be a positive whole number; got True"),
+    ],
+    ids=["three-of-four", "zero", "a-bool"],
+)
+def test_an_hsdp_shard_size_that_cannot_tile_the_world_is_refused(
+    shard_size: int, said: str
+) -> None:
+    from ddpkit.parallel.hsdp import hybrid_shape
+
+    with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
+        hybrid_shape(4, shard_size)
+    assert hybrid_shape(8, 4) == (2, 4) and hybrid_shape(4, 1) == (4, 1)
+
+
+def test_the_hsdp_shard_size_is_refused_for_another_strategy() -> None:
+    ddpkit.init(hang_timeout=0)
+    with pytest.raises(ddpkit.ConfigError, match='hsdp_shard_size only applies to strategy="hsdp"'):
+        ddpkit.prepare_model(nn.Linear(2, 2), "fsdp", hsdp_shard_size=2)

@@ -25,7 +25,7 @@ def group_of_one(tmp_path: Path) -> None:
     ddpkit.init(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, hang_timeout=0)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "hsdp"])
 def test_a_group_of_one_wraps_and_no_group_does_not(tmp_path: Path, strategy: str) -> None:
     ddpkit.init(hang_timeout=0)
     assert strategy_of(ddpkit.prepare_model(torch.nn.Linear(3, 2), strategy)).name == "none"

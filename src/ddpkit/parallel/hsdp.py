@@ -1,0 +1,118 @@
+"""``strategy="hsdp"``: hybrid sharding, FSDP2 on a 2-D mesh: shard within a node, replicate
+across nodes.
+
+Plain FSDP all-gathers every unit's parameters from every rank of the job, so past one node
+each layer's forward waits on the slowest link between hosts. HSDP shards the model over the
+``shard`` ranks of a node only (fast links) and keeps one such sharded copy per node: the
+all-gathers stay inside a node, and across nodes only the gradients travel, all-reduced
+between replicas after each node's reduce-scatter. Memory per rank is that of FSDP over one
+node; communication between nodes is that of DDP. It is FSDP2's ``fully_shard`` given a
+(replicate, shard) DeviceMesh, as torchtitan builds it.
+
+The shard size defaults to the workers per node (``LOCAL_WORLD_SIZE``) and is settable
+(``prepare_model(model, "hsdp", hsdp_shard_size=2)``); it must divide the world size. Ranks
+are laid out as the launchers number them: ``rank = replica * shard_size + shard``, so with the
+default each node holds one replica. Checkpoints are FSDP's sharded ones (DCP): a run saved on
+a 2x2 mesh resumes on another mesh, or as FSDP, at another world size.
+
+Example:
+    >>> hybrid_shape(world_size=4, shard_size=2)
+    (2, 2)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from ddpkit._core.log import logger
+from ddpkit.errors import ConfigError
+from ddpkit.parallel.compiled import uncompiled
+from ddpkit.parallel.fsdp import FullyShardedStrategy, shard_model
+from ddpkit.runtime.collectives import has_process_group
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from ddpkit.env.world import World
+
+MESH_DIMS = ("replicate", "shard")
+
+
+class HybridShardedStrategy(FullyShardedStrategy):
+    """FSDP within each group of ``shard`` ranks, those groups replicas of each other.
+
+    The descriptor of a wrapped model knows its mesh's shape (``layout``); the module-level
+    ``HSDP`` is the one asked before wrapping.
+
+    Example:
+        >>> HybridShardedStrategy((2, 2)).layout
+        '2 replicas x 2 shards'
+    """
+
+    name = "hsdp"
+    options = ("fsdp_units", "hsdp_shard_size")
+
+    def __init__(self, shape: tuple[int, int] | None = None) -> None:
+        self.shape = shape
+
+    @property
+    def layout(self) -> str:
+        if self.shape is None:
+            return ""
+        replicas, shards = self.shape
+        return (
+            f"{replicas} replica{'s' if replicas > 1 else ''} x {shards} shard{'s' * (shards > 1)}"
+        )
+
+    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
+        units = options.get("fsdp_units", ())
+        if not has_process_group():  # no job: whole, as FSDP leaves it
+            return shard_model(model, world, units)
+        shard_size = options.get("hsdp_shard_size")
+        default = world.local_world_size
+        shape = hybrid_shape(world.world_size, default if shard_size is None else shard_size)
+        wrapped = shard_model(model, world, units, mesh=hybrid_mesh(world, shape))
+        # strategy_of asks the model first: an HSDP model is an FSDP module too.
+        wrapped.ddpkit_strategy = HybridShardedStrategy(shape)  # type: ignore[assignment]
+        logger.debug(f"hsdp mesh {shape} ({', '.join(MESH_DIMS)})")
+        return wrapped
+
+    def owns(self, model: nn.Module) -> bool:
+        own = getattr(uncompiled(model), "ddpkit_strategy", None)
+        return isinstance(own, HybridShardedStrategy)
+
+
+def hybrid_shape(world_size: int, shard_size: int) -> tuple[int, int]:
+    """(replicas, shards) of an HSDP mesh, or a ConfigError naming the sizes that fit.
+
+    Example:
+        >>> hybrid_shape(8, 4)
+        (2, 4)
+    """
+    if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
+        raise ConfigError(f"hsdp_shard_size must be a positive whole number; got {shard_size!r}")
+    if world_size % shard_size:
+        fits = [str(n) for n in range(1, world_size + 1) if world_size % n == 0]
+        raise ConfigError(
+            f"hsdp_shard_size={shard_size} does not divide the world of {world_size} ranks: "
+            f"each replica needs the same number of shards. Use one of {', '.join(fits)} "
+            "(the default is the workers per node)"
+        )
+    return world_size // shard_size, shard_size
+
+
+def hybrid_mesh(world: World, shape: tuple[int, int]) -> DeviceMesh:
+    """The (replicate, shard) DeviceMesh over every rank of the job (a collective).
+
+    Example::
+
+        mesh = hybrid_mesh(world, (2, 2))   # ranks 0,1 shard one replica, 2,3 the other
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(world.device.type, shape, mesh_dim_names=MESH_DIMS)
+
+
+HSDP = HybridShardedStrategy()

@@ -1,0 +1,1 @@
+"""``ddpkit export``: a checkpoint's model weights as one plain file."""
