@@ -14,6 +14,8 @@ warm-up. The validation loss and perplexity are reported each epoch.
     ddpkit verify examples/gpt.py --workers 2 --steps 10   # N workers == 1 process
     ddpkit run --nproc 2 examples/gpt.py --strategy fsdp --activation-checkpointing
                                                            # blocks sharded, recomputed
+    ddpkit run --nproc 2 examples/gpt.py --strategy fsdp --weights gpt.safetensors
+                                        # built on the meta device, each rank its shards
 """
 
 from __future__ import annotations
@@ -177,7 +179,19 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--hsdp-shard-size", type=int, default=None, help="ranks per replica")
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="recompute each Block's activations in backward")  # fmt: skip
+    parser.add_argument("--weights", default=None,
+                        help="start from these weights (.safetensors, .pt, a folder): the "
+                             "model is built on the meta device, each rank reading only its "
+                             "shards")  # fmt: skip
     return parser.parse_args()
+
+
+def build(config: GPTConfig, args: argparse.Namespace) -> GPT:
+    """The model: on the meta device (no memory) when its weights come from a file."""
+    if args.weights is None:
+        return GPT(config)
+    with torch.device("meta"):
+        return GPT(config)
 
 
 def prepare(model: GPT, args: argparse.Namespace) -> nn.Module:
@@ -189,7 +203,7 @@ def prepare(model: GPT, args: argparse.Namespace) -> nn.Module:
         options["hsdp_shard_size"] = args.hsdp_shard_size
     if args.activation_checkpointing:
         options["activation_checkpointing"] = (Block,)
-    return ddpkit.prepare_model(model, args.strategy, **options)
+    return ddpkit.prepare_model(model, args.strategy, weights=args.weights, **options)
 
 
 def main() -> None:
@@ -197,7 +211,7 @@ def main() -> None:
     ddpkit.init(seed=args.seed)  # the same initial weights on every rank
     config = GPTConfig()
     train_set, val_set = load_text(config.block_size)
-    model = prepare(GPT(config), args)
+    model = prepare(build(config, args), args)
     plan = ddpkit.plan_batch(args.batch_size, args.batch_policy)
     train = ddpkit.prepare_loader(train_set, plan)
     val = ddpkit.prepare_loader(val_set, plan, shuffle=False)

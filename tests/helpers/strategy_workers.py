@@ -242,3 +242,18 @@ def gpt_with_recompute(
         optimizer.step()
         optimizer.zero_grad()
     return full_state(model)
+
+
+def started_on_meta(strategy: str, weights: str, shard_size: int | None = None) -> dict[str, Any]:
+    """The GPT built on the meta device and prepared from ``weights``: its whole parameters
+    and the elements of this rank's local shards."""
+    ddpkit.init(timeout=120)
+    gpt = load_example("gpt")
+    with torch.device("meta"):
+        model = gpt.GPT(gpt.GPTConfig())
+    options: dict[str, Any] = {"fsdp_units": (gpt.Block,)} if strategy != "ddp" else {}
+    if shard_size:
+        options["hsdp_shard_size"] = shard_size
+    model = ddpkit.prepare_model(model, strategy, weights=weights, **options)
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
+    return {"state": full_state(model), "local": local}

@@ -36,6 +36,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.recompute import unit_of
+from ddpkit.parallel.weights import on_meta
 from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
@@ -100,12 +101,14 @@ def shard_model(
         net = shard_model(net, world, units=(TransformerBlock,))   # 2 or more ranks
     """
     check_units(units)
-    model = model.to(world.device)
+    empty = on_meta(model)  # sharded while empty: each rank then gets storage for its shards
+    model = model if empty else model.to(world.device)
     if not has_process_group():
         return model
     from torch.distributed.fsdp import fully_shard  # only when a model is sharded
 
-    broadcast_module_state(model)
+    if not empty:
+        broadcast_module_state(model)
     for module in unit_modules(model, units):
         fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)

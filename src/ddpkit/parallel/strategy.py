@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Sequence
 from typing import Any, get_args
 
@@ -41,7 +42,9 @@ from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook
 from ddpkit.parallel.compiled import compile_request, compiled, uncompiled
 from ddpkit.parallel.recompute import check_every, checkpoint_blocks, checkpointed_classes
+from ddpkit.parallel.weights import check_start, fill, materialize
 from ddpkit.runtime.callbacks import registered_callbacks
+from ddpkit.runtime.collectives import has_process_group
 from ddpkit.runtime.session import current_world
 from ddpkit.runtime.watchdog import watch
 
@@ -66,6 +69,7 @@ def prepare_model(
     compile: bool | dict[str, Any] = False,
     activation_checkpointing: bool | Sequence[type[nn.Module]] = False,
     activation_checkpointing_every: int = 1,
+    weights: str | os.PathLike[str] | None = None,
     **ddp_options: Any,
 ) -> nn.Module:
     """Move ``model`` to this rank's device and wrap it for data-parallel training.
@@ -85,6 +89,9 @@ def prepare_model(
     ``activation_checkpointing`` recomputes the activations of the block classes given
     (``True``: the ``fsdp_units``) in backward instead of keeping them, for every
     ``activation_checkpointing_every``-th block (see :mod:`ddpkit.parallel.recompute`).
+    ``weights`` (a ``.safetensors`` / ``.pt`` file or a Hugging Face folder) is loaded into
+    the model after wrapping; a model built on the meta device needs it, and under FSDP or
+    HSDP each rank then holds and reads only its shards (see :mod:`ddpkit.parallel.weights`).
     Call ``ddpkit.init()`` first.
 
     Example:
@@ -101,6 +108,7 @@ def prepare_model(
     _check_options(descriptor, options)
     recomputed = checkpointed_classes(activation_checkpointing, fsdp_units)
     every = check_every(activation_checkpointing_every)
+    empty = check_start(model, weights)
     world = current_world()
     # Wrapping runs collectives (DDP checks the parameters' shapes and broadcasts rank 0's
     # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
@@ -112,7 +120,11 @@ def prepare_model(
             model = _convert_sync_batchnorm(model, world)
         if recomputed:
             _checkpoint_activations(model, recomputed, every)
+        if empty and not (descriptor.sharded and has_process_group()):
+            materialize(model, world.device)  # held whole on this rank: storage for all
         wrapped = descriptor.wrap(model, world, options)
+        if weights is not None:
+            fill(descriptor.unwrap(wrapped), weights, world.device)
     return compiled(wrapped, compile_options)
 
 

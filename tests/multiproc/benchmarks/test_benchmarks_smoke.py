@@ -109,3 +109,17 @@ def test_step_times_overhead_benchmark_prints_the_ratio() -> None:
     out = run_benchmark("benchmarks/step_times_overhead.py", "--rounds", "1", "--samples", "512")
     fastest = float(out.split("ratio on/off: fastest")[1].split()[0])
     assert fastest > 0
+
+
+@pytest.mark.timeout(200)
+def test_spawn_start_benchmark_prints_the_ratio_to_the_spawn_method() -> None:
+    out = run_benchmark("benchmarks/spawn_start.py", "--rounds", "1")
+    assert "first forkserver call (starts the server):" in out
+    assert float(out.split("ratio forkserver / spawn:")[1].split()[0]) > 0
+
+
+@pytest.mark.timeout(200)
+def test_meta_start_benchmark_reports_both_ways() -> None:
+    out = run_benchmark("benchmarks/meta_start.py", "--width", "64", "--blocks", "2",
+                        "--rounds", "1")  # fmt: skip
+    assert "| built whole on every rank |" in out and "| meta device + weights file |" in out

@@ -184,7 +184,8 @@ def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _weights_fingerprint(model: nn.Module) -> int:
-    return sum(fingerprint(p) for p in model.parameters()) % (1 << 63)
+    # A model on the meta device has no values yet: its weights come from a file, alike.
+    return sum(fingerprint(p) for p in model.parameters() if not p.is_meta) % (1 << 63)
 
 
 def _rng_fingerprint() -> int:
