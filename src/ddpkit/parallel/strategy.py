@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, get_args
 
 from torch import nn
@@ -81,11 +82,11 @@ def prepare_model(
     gradient traffic (``"fp16"``, ``"bf16"``, ``"powersgd"``; see :mod:`ddpkit.parallel.commhooks`).
     ``fsdp_units`` are the module classes FSDP and HSDP shard as separate units;
     ``hsdp_shard_size`` the ranks each HSDP replica is sharded over (default: the workers per
-    node). ``sync_batchnorm=True``
-    converts BatchNorm layers to SyncBatchNorm, so statistics are computed over the global
-    batch (in a world of one there is nothing to synchronize). ``compile=True`` (or a dict of
-    ``torch.compile`` options) compiles the wrapped model, the order DDP and FSDP need (see
-    :mod:`ddpkit.parallel.compiled`); a model compiled beforehand is compiled again that way.
+    node). ``sync_batchnorm=True`` converts BatchNorm layers to SyncBatchNorm, so statistics
+    are computed over the global batch (in a world of one there is nothing to synchronize).
+    ``compile=True`` (or a dict of ``torch.compile`` options) compiles the wrapped model, the
+    order DDP and FSDP need (see :mod:`ddpkit.parallel.compiled`); a model compiled
+    beforehand is compiled again that way.
     ``activation_checkpointing`` recomputes the activations of the block classes given
     (``True``: the ``fsdp_units``) in backward instead of keeping them, for every
     ``activation_checkpointing_every``-th block (see :mod:`ddpkit.parallel.recompute`).
@@ -106,26 +107,48 @@ def prepare_model(
     options = _given_options(ddp_options, comm_hook, fsdp_units)
     descriptor = get_strategy(strategy)
     _check_options(descriptor, options)
-    recomputed = checkpointed_classes(activation_checkpointing, fsdp_units)
-    every = check_every(activation_checkpointing_every)
-    empty = check_start(model, weights)
+    steps = _Steps(
+        sync_batchnorm,
+        checkpointed_classes(activation_checkpointing, fsdp_units),
+        check_every(activation_checkpointing_every),
+        check_start(model, weights),
+        weights,
+    )
     world = current_world()
+    model, compile_options = compile_request(model, compile)
     # Wrapping runs collectives (DDP checks the parameters' shapes and broadcasts rank 0's
     # weights; FSDP broadcasts its state): a rank that never gets here is a hang to report.
-    model, compile_options = compile_request(model, compile)
     with watch(f"prepare_model(strategy={strategy!r})"):
-        for callback in registered_callbacks():  # before wrapping evens the ranks' weights out
-            callback.on_model_built(model)
-        if sync_batchnorm:
-            model = _convert_sync_batchnorm(model, world)
-        if recomputed:
-            _checkpoint_activations(model, recomputed, every)
-        if empty and not (descriptor.sharded and has_process_group()):
-            materialize(model, world.device)  # held whole on this rank: storage for all
-        wrapped = descriptor.wrap(model, world, options)
-        if weights is not None:
-            fill(descriptor.unwrap(wrapped), weights, world.device)
+        wrapped = _wrap(model, world, descriptor, options, steps)
     return compiled(wrapped, compile_options)
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """What prepare_model does around the strategy's wrap, checked before any of it runs."""
+
+    sync_batchnorm: bool
+    recomputed: tuple[type[nn.Module], ...]  # activation checkpointing's block classes
+    every: int
+    empty: bool  # built on the meta device
+    weights: str | os.PathLike[str] | None
+
+
+def _wrap(
+    model: nn.Module, world: World, descriptor: Strategy, options: dict[str, Any], steps: _Steps
+) -> nn.Module:
+    for callback in registered_callbacks():  # before wrapping evens the ranks' weights out
+        callback.on_model_built(model)
+    if steps.sync_batchnorm:
+        model = _convert_sync_batchnorm(model, world)
+    if steps.recomputed:
+        _checkpoint_activations(model, steps.recomputed, steps.every)
+    if steps.empty and not (descriptor.sharded and has_process_group()):
+        materialize(model, world.device)  # held whole on this rank: storage for all of it
+    wrapped = descriptor.wrap(model, world, options)
+    if steps.weights is not None:
+        fill(descriptor.unwrap(wrapped), steps.weights, world.device)
+    return wrapped
 
 
 def get_strategy(name: str) -> Strategy:
