@@ -257,3 +257,23 @@ def started_on_meta(strategy: str, weights: str, shard_size: int | None = None) 
     model = ddpkit.prepare_model(model, strategy, weights=weights, **options)
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
     return {"state": full_state(model), "local": local}
+
+
+def sharded_with_policy(strategy: str, mixed_precision: str | None) -> dict[str, Any]:
+    """A few Adam steps of the toy model under FSDP/HSDP with ``mixed_precision``: the
+    start-up line, the dtypes a Linear computes in, the sharded parameters' and their
+    gradients' dtypes, and the final whole parameters."""
+    world = ddpkit.init(timeout=60)
+    options = {"mixed_precision": mixed_precision} if mixed_precision else {}
+    model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=(nn.Linear,), **options)
+    seen: list[str] = []
+    first = ddpkit.unwrap_model(model)[0]
+    first.register_forward_hook(lambda _m, args, out: seen.append(str(out.dtype)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy)
+    trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=1)
+    return {
+        "startup": trainer.setup.describe(), "computed": sorted(set(seen)),
+        "params": sorted({str(p.dtype) for p in model.parameters()}),
+        "state": full_state(model), "device": str(world.device),
+    }  # fmt: skip

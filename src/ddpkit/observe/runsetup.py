@@ -57,7 +57,7 @@ class RunSetup:
     @classmethod
     def of(
         cls, strategy: str, optimizers: Mapping[str, Any], loader: Any, world_size: int,
-        stepping: Stepping, layout: str = "",
+        stepping: Stepping, layout: str = "", policy_precision: str | None = None,
     ) -> RunSetup:  # fmt: skip
         """The set-up of a run of ``strategy`` and ``optimizers`` on ``loader`` (None: not
         known yet), stepping as ``stepping`` says (the loop's options).
@@ -67,6 +67,8 @@ class RunSetup:
             RunSetup.of("ddp", {"optimizer": opt}, train_loader, 2, loop.options).global_batch
         """
         accumulate, precision = stepping.accumulate, stepping.precision
+        if precision == "fp32" and policy_precision:  # FSDP's policy computes in it
+            precision = policy_precision
         per_device = getattr(loader, "batch_size", None)
         plan = getattr(loader, "ddpkit_batch_plan", None)
         first = next(iter(optimizers.values())).param_groups[0]["lr"]

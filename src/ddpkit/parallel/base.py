@@ -62,6 +62,12 @@ class Strategy(ABC):
         """Whether ``model`` is wrapped by this strategy."""
 
     @property
+    def compute_precision(self) -> str | None:
+        """The precision a sharding policy computes in (FSDP's ``mixed_precision``), or None
+        when the model computes in its parameters' dtype."""
+        return None
+
+    @property
     def layout(self) -> str:
         """How the ranks are arranged, for the start-up line ("" when there is no more to
         say than the name; HSDP: "2 replicas x 2 shards")."""

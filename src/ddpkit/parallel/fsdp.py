@@ -36,6 +36,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, StrategyName
 from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.recompute import unit_of
+from ddpkit.parallel.shardprecision import policy_precision, policy_text, shard_policy
 from ddpkit.parallel.weights import on_meta
 from ddpkit.runtime.collectives import has_process_group
 
@@ -56,13 +57,28 @@ class FullyShardedStrategy(Strategy):
     """
 
     name: StrategyName = "fsdp"
-    options: tuple[str, ...] = ("fsdp_units",)
+    options: tuple[str, ...] = ("fsdp_units", "mixed_precision")
     replicas_identical = False
     checkpoint_kind = "sharded"
     uneven_batches = "refuse"
 
+    def __init__(self, policy: Any = None) -> None:
+        self.policy = policy  # the wrapped model's MixedPrecisionPolicy, if any
+
+    @property
+    def layout(self) -> str:
+        return policy_text(self.policy)
+
+    @property
+    def compute_precision(self) -> str | None:
+        return policy_precision(self.policy)
+
     def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
-        return shard_model(model, world, options.get("fsdp_units", ()))
+        policy = shard_policy(options.get("mixed_precision"))
+        wrapped = shard_model(model, world, options.get("fsdp_units", ()), mp_policy=policy)
+        if policy is not None and has_process_group():  # strategy_of asks the model first
+            wrapped.ddpkit_strategy = FullyShardedStrategy(policy)  # type: ignore[assignment]
+        return wrapped
 
     def owns(self, model: nn.Module) -> bool:
         return is_sharded(model)
@@ -87,6 +103,7 @@ def shard_model(
     *,
     reshard_after_forward: bool = True,
     mesh: DeviceMesh | None = None,
+    mp_policy: Any = None,
 ) -> nn.Module:
     """Move ``model`` to the world's device and shard it with FSDP2.
 
@@ -94,7 +111,8 @@ def shard_model(
     the root is always one. ``reshard_after_forward=False`` keeps parameters gathered from
     forward to backward: faster, more memory (ZeRO-2 instead of ZeRO-3). ``mesh`` is FSDP's
     DeviceMesh: None shards over every rank, a 2-D (replicate, shard) mesh is HSDP
-    (:mod:`ddpkit.parallel.hsdp`).
+    (:mod:`ddpkit.parallel.hsdp`). ``mp_policy`` is a ``MixedPrecisionPolicy``
+    (:mod:`ddpkit.parallel.shardprecision`).
 
     Example::
 
@@ -109,9 +127,10 @@ def shard_model(
 
     if not empty:
         broadcast_module_state(model)
+    policy = {"mp_policy": mp_policy} if mp_policy is not None else {}
     for module in unit_modules(model, units):
-        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, **policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, **policy)
     return model
 
 

@@ -30,6 +30,7 @@ from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.fsdp import FullyShardedStrategy, shard_model
+from ddpkit.parallel.shardprecision import policy_text, shard_policy
 from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
@@ -52,9 +53,10 @@ class HybridShardedStrategy(FullyShardedStrategy):
     """
 
     name = "hsdp"
-    options = ("fsdp_units", "hsdp_shard_size")
+    options = ("fsdp_units", "hsdp_shard_size", "mixed_precision")
 
-    def __init__(self, shape: tuple[int, int] | None = None) -> None:
+    def __init__(self, shape: tuple[int, int] | None = None, policy: Any = None) -> None:
+        super().__init__(policy)
         self.shape = shape
 
     @property
@@ -62,20 +64,20 @@ class HybridShardedStrategy(FullyShardedStrategy):
         if self.shape is None:
             return ""
         replicas, shards = self.shape
-        return (
-            f"{replicas} replica{'s' if replicas > 1 else ''} x {shards} shard{'s' * (shards > 1)}"
-        )
+        mesh = f"{replicas} replica{'s' * (replicas > 1)} x {shards} shard{'s' * (shards > 1)}"
+        return "; ".join(part for part in (mesh, policy_text(self.policy)) if part)
 
     def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
-        units = options.get("fsdp_units", ())
+        units, policy = options.get("fsdp_units", ()), shard_policy(options.get("mixed_precision"))
         if not has_process_group():  # no job: whole, as FSDP leaves it
             return shard_model(model, world, units)
         shard_size = options.get("hsdp_shard_size")
         default = world.local_world_size
         shape = hybrid_shape(world.world_size, default if shard_size is None else shard_size)
-        wrapped = shard_model(model, world, units, mesh=hybrid_mesh(world, shape))
+        mesh = hybrid_mesh(world, shape)
+        wrapped = shard_model(model, world, units, mesh=mesh, mp_policy=policy)
         # strategy_of asks the model first: an HSDP model is an FSDP module too.
-        wrapped.ddpkit_strategy = HybridShardedStrategy(shape)  # type: ignore[assignment]
+        wrapped.ddpkit_strategy = HybridShardedStrategy(shape, policy)  # type: ignore[assignment]
         logger.debug(f"hsdp mesh {shape} ({', '.join(MESH_DIMS)})")
         return wrapped
 

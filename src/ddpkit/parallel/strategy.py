@@ -82,8 +82,10 @@ def prepare_model(
     gradient traffic (``"fp16"``, ``"bf16"``, ``"powersgd"``; see :mod:`ddpkit.parallel.commhooks`).
     ``fsdp_units`` are the module classes FSDP and HSDP shard as separate units;
     ``hsdp_shard_size`` the ranks each HSDP replica is sharded over (default: the workers per
-    node). ``sync_batchnorm=True`` converts BatchNorm layers to SyncBatchNorm, so statistics
-    are computed over the global batch (in a world of one there is nothing to synchronize).
+    node); ``mixed_precision="bf16"`` gives FSDP and HSDP a mixed-precision policy: bf16
+    parameters for compute, fp32 gradient reduction (:mod:`ddpkit.parallel.shardprecision`).
+    ``sync_batchnorm=True`` converts BatchNorm layers to SyncBatchNorm, so statistics are
+    computed over the global batch (in a world of one there is nothing to synchronize).
     ``compile=True`` (or a dict of ``torch.compile`` options) compiles the wrapped model, the
     order DDP and FSDP need (see :mod:`ddpkit.parallel.compiled`); a model compiled
     beforehand is compiled again that way.

@@ -263,9 +263,11 @@ class TrainLoop:
             return
         self._started = True
         run, size = self.run, self.world.world_size
+        strategy = run.strategy
         self.setup = RunSetup.of(
-            run.strategy.name, run.optimizers, loader, size, self.options, run.strategy.layout
-        )
+            strategy.name, run.optimizers, loader, size, self.options, strategy.layout,
+            strategy.compute_precision,
+        )  # fmt: skip
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
         record_training_start(saver)

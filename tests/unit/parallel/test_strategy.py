@@ -102,3 +102,20 @@ def test_the_hsdp_shard_size_is_refused_for_another_strategy() -> None:
     ddpkit.init(hang_timeout=0)
     with pytest.raises(ddpkit.ConfigError, match='hsdp_shard_size only applies to strategy="hsdp"'):
         ddpkit.prepare_model(nn.Linear(2, 2), "fsdp", hsdp_shard_size=2)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "request_", "said"),
+    [
+        ("fsdp", "fp16", 'mixed_precision="fp16" would compute in fp16 without loss scaling'),
+        ("fsdp", "int8", 'mixed_precision must be "bf16", "fp32" or a torch MixedPrecision'),
+        ("ddp", "bf16", 'mixed_precision only applies to strategy="fsdp" or "hsdp", not'),
+    ],
+    ids=["fp16", "unknown", "on-ddp"],
+)
+def test_a_mixed_precision_policy_that_cannot_be_had_is_refused(
+    strategy: str, request_: str, said: str
+) -> None:
+    ddpkit.init(hang_timeout=0)
+    with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
+        ddpkit.prepare_model(nn.Linear(2, 2), strategy, mixed_precision=request_)  # type: ignore[arg-type]
