@@ -218,6 +218,7 @@ def _row(size: int, runs: list[RunRecord]) -> dict[str, Any]:
     setup = runs[0].setup
     return {
         "workers": size,
+        "strategy": _strategy_text(setup),
         "global_batch": setup.get("global_batch"),
         "batch_policy": setup.get("batch_policy", "unknown"),
         "wall_s": statistics.median(r.wall_s for r in runs),
@@ -230,6 +231,12 @@ def _row(size: int, runs: list[RunRecord]) -> dict[str, Any]:
         "step_ms": _phase_ms(runs),
         "peak_mem_mb": _median_of(runs, "mem/peak_mb"),
     }
+
+
+def _strategy_text(setup: dict[str, Any]) -> str | None:
+    """``"hsdp (2 replicas x 2 shards)"``: the strategy and how it arranged the ranks."""
+    name, layout = setup.get("strategy"), setup.get("layout")
+    return f"{name} ({layout})" if name and layout else name
 
 
 PHASES = ("data", "compute", "sync", "optimizer", "other")  # ddpkit.observe.steptime's
