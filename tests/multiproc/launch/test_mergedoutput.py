@@ -18,7 +18,7 @@ import pytest
 
 from helpers.launch_helpers import REPO, SCRIPTS
 
-pytestmark = pytest.mark.multiproc
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: merges lines by arrival time
 WARNING = "UserWarning: the old API is deprecated; use the new one"
 
 
