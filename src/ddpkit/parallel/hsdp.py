@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from ddpkit._core.log import logger
@@ -71,6 +72,7 @@ class HybridShardedStrategy(FullyShardedStrategy):
         units, policy = options.get("fsdp_units", ()), shard_policy(options.get("mixed_precision"))
         if not has_process_group():  # no job: whole, as FSDP leaves it
             return shard_model(model, world, units)
+        check_backend(world.backend)
         shard_size = options.get("hsdp_shard_size")
         default = world.local_world_size
         shape = hybrid_shape(world.world_size, default if shard_size is None else shard_size)
@@ -103,6 +105,25 @@ def hybrid_shape(world_size: int, shard_size: int) -> tuple[int, int]:
             "(the default is the workers per node)"
         )
     return world_size // shard_size, shard_size
+
+
+def check_backend(backend: str) -> None:
+    """Refuse HSDP over gloo where the running torch's FSDP averages the replicas' gradients
+    with ``ReduceOp.AVG``, which gloo lacks (torch 2.7: "Cannot use ReduceOp.AVG with Gloo"
+    in the first backward; 2.13 runs it, tested). The torch that can also has
+    ``set_force_sum_reduction_for_comms``, which tells them apart.
+
+    Example:
+        >>> check_backend("nccl")
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if backend == "gloo" and not hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):
+        raise ConfigError(
+            f"strategy='hsdp' over gloo needs a newer torch than {torch.__version__}: its FSDP "
+            "averages the replicas' gradients with ReduceOp.AVG, which gloo lacks (torch "
+            "2.13 runs it). On CPU use strategy='fsdp', or HSDP over NCCL on GPUs"
+        )
 
 
 def hybrid_mesh(world: World, shape: tuple[int, int]) -> DeviceMesh:

@@ -119,3 +119,18 @@ def test_a_mixed_precision_policy_that_cannot_be_had_is_refused(
     ddpkit.init(hang_timeout=0)
     with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
         ddpkit.prepare_model(nn.Linear(2, 2), strategy, mixed_precision=request_)  # type: ignore[arg-type]
+
+
+def test_hsdp_over_gloo_is_refused_where_torch_cannot_average_on_gloo(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    from ddpkit.parallel.hsdp import check_backend
+
+    if hasattr(FSDPModule, "set_force_sum_reduction_for_comms"):  # torch 2.13 can; 2.7 not
+        check_backend("gloo")
+    monkeypatch.delattr(FSDPModule, "set_force_sum_reduction_for_comms", raising=False)
+    with pytest.raises(ddpkit.ConfigError, match=r"over gloo needs a newer torch than .* On CPU"):
+        check_backend("gloo")
+    check_backend("nccl")
