@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -99,14 +100,10 @@ def materialize(model: nn.Module, device: torch.device) -> None:
         >>> net[1].weight is net[0].weight and not on_meta(net)
         True
     """
-    tied: dict[int, list[tuple[nn.Module, str]]] = {}
-    for module in model.modules():
-        for name, parameter in module._parameters.items():
-            if parameter is not None:
-                tied.setdefault(id(parameter), []).append((module, name))
+    tied = _tied_uses(model)
     model.to_empty(device=device)
-    for (first, first_name), *others in (uses for uses in tied.values() if len(uses) > 1):
-        for module, name in others:
+    for (_, first, first_name), *others in tied:
+        for _, module, name in others:
             module._parameters[name] = first._parameters[first_name]
 
 
@@ -131,10 +128,7 @@ def _sources(
 ) -> dict[str, str]:
     """For each tensor of the model, the name it is read under: its own, or that of a
     parameter it is tied to (a file saved with ties removed holds one of them)."""
-    tied: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        tied.setdefault(id(parameter), []).append(name)
-    aliases = {name: names for names in tied.values() for name in names}
+    aliases = {name: [n for n, _, _ in uses] for uses in _tied_uses(model) for name, _, _ in uses}
     found = weights.names()
     sources = {}
     for name in targets:
@@ -142,6 +136,18 @@ def _sources(
         sources[name] = next((a for a in candidates if a in found), name)
     _check_names({sources[n]: t for n, t in targets.items()}, weights)
     return sources
+
+
+def _tied_uses(model: nn.Module) -> list[list[tuple[str, nn.Module, str]]]:
+    """Each parameter the model uses under several names (a tied embedding and head): its
+    uses as (qualified name, module, attribute)."""
+    uses: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for attribute, parameter in module._parameters.items():
+            if parameter is not None:
+                name = f"{prefix}.{attribute}" if prefix else attribute
+                uses.setdefault(id(parameter), []).append((name, module, attribute))
+    return [found for found in uses.values() if len(found) > 1]
 
 
 def _copy_in(target: torch.Tensor, full: torch.Tensor, name: str, where: Path) -> None:
@@ -182,8 +188,9 @@ def _read_shard(target: torch.Tensor, weights: WeightFile, name: str) -> bool:
 
 
 def _is_dtensor(tensor: torch.Tensor) -> bool:
-    # DTensor's module is loaded by FSDP; a model that was never sharded does not need it.
-    return type(tensor).__name__ == "DTensor" and hasattr(tensor, "to_local")
+    # Without DTensor's module loaded (FSDP loads it), no tensor can be one: nothing imported.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def _check_names(targets: dict[str, torch.Tensor], weights: WeightFile) -> None:
