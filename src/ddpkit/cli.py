@@ -27,10 +27,11 @@ from types import ModuleType
 
 from ddpkit import __version__
 from ddpkit._core.log import command_logger
-from ddpkit._core.protocol import STOP_SIGNALS
+from ddpkit._core.protocol import CONFIG_EXIT_CODE, PEER_LOST_EXIT_CODE, STOP_SIGNALS
 from ddpkit.errors import (
     DdpkitError,
     PreemptedError,
+    RendezvousError,
     ScriptError,
     StoppedBySignalError,
     WorkerFailedError,
@@ -42,6 +43,7 @@ COMMANDS = {
     "verify": "ddpkit.tools.verify.command",
     "doctor": "ddpkit.tools.doctor.command",
     "slurm": "ddpkit.tools.slurm.command",
+    "k8s": "ddpkit.tools.k8s.command",
     "export": "ddpkit.tools.export.command",
 }
 
@@ -168,13 +170,16 @@ def _run(args: argparse.Namespace, module: ModuleType) -> int:
         return err.exitcode
     except WorkerFailedError as err:
         say.error(str(err))
-        return _exit_code(err.exitcode)
+        return PEER_LOST_EXIT_CODE if err.peer_lost else _exit_code(err.exitcode)
+    except RendezvousError as err:  # the nodes could not meet: retriable (docs/kubernetes.md)
+        say.error(f"error: {err}")
+        return PEER_LOST_EXIT_CODE
     except ScriptError as err:
         say.error(str(err))
         return err.exitcode
     except DdpkitError as err:
         say.error(f"error: {err}")
-        return 2
+        return CONFIG_EXIT_CODE
     except KeyboardInterrupt:
         say.warning("interrupted; workers stopped")
         return 130

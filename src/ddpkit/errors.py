@@ -67,10 +67,18 @@ class WorkerFailedError(DdpkitError, RuntimeError):
         (1, 1)
     """
 
-    def __init__(self, rank: int, exitcode: int, detail: str, headline: str | None = None) -> None:
+    def __init__(
+        self,
+        rank: int,
+        exitcode: int,
+        detail: str,
+        headline: str | None = None,
+        peer_lost: bool = False,
+    ) -> None:
         self.rank = rank
         self.exitcode = exitcode
         self.detail = detail
+        self.peer_lost = peer_lost  # it failed only because a peer on another node went away
         how = f"killed by signal {-exitcode}" if exitcode < 0 else f"exit code {exitcode}"
         super().__init__(f"{headline or f'worker rank {rank} failed ({how})'}:\n{detail}")
 

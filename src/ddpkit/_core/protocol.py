@@ -28,6 +28,10 @@ from typing import Any
 # --- exit codes -------------------------------------------------------------------------
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): checkpointed and stopped; run again
 HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long
+# EX_UNAVAILABLE (sysexits.h): this node's workers failed only because a peer (another node)
+# went away, or the nodes could not meet: worth retrying, unlike a bad script or setting.
+PEER_LOST_EXIT_CODE = 69
+CONFIG_EXIT_CODE = 2  # ddpkit refused a setting or the command line: fix it, do not retry
 
 # What a rank that waited for a rank that left is told, by the launcher and the watchdog.
 SAME_CALLS_FIX = (

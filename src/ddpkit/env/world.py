@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Literal, get_args
 
 import torch
 
 from ddpkit._core.envvars import int_var
+from ddpkit.env.kubernetes import Controller, detect_pod_job, pod_topology_fields
 from ddpkit.env.slurm import (
     check_started_by_srun,
     slurm_first_host,
@@ -33,7 +34,11 @@ from ddpkit.errors import ConfigError
 Backend = Literal["gloo", "nccl", "mpi"]
 BACKENDS: tuple[Backend, ...] = get_args(Backend)
 # Said in the start line where ranks came from a cluster manager rather than a ddpkit launcher.
-_RANK_SOURCES = {"slurm": ", ranks from SLURM_PROCID", "mpi": ", ranks from OMPI_COMM_WORLD_RANK"}
+_RANK_SOURCES = {
+    "slurm": ", ranks from SLURM_PROCID",
+    "mpi": ", ranks from OMPI_COMM_WORLD_RANK",
+    **{c.value: f", ranks from the {c.label} (one process per pod)" for c in Controller},
+}
 
 
 @dataclass(frozen=True)
@@ -135,16 +140,22 @@ class World(Topology):
 
 
 def detect_topology(env: Mapping[str, str]) -> Topology:
-    """Ranks and sizes from the first launcher contract present: torchrun, SLURM, OpenMPI.
+    """Ranks and sizes from the first launcher contract present: torchrun, a Kubernetes
+    controller's (:mod:`ddpkit.env.kubernetes`), SLURM, OpenMPI.
 
-    torchrun's variables win: ``srun ddpkit run`` workers carry SLURM's variables too, but
-    their ranks are the ones ``ddpkit run`` assigned.
+    A worker of torch's launcher wins: ``srun ddpkit run`` workers carry SLURM's variables
+    too, and a PyTorchJob pod's RANK / WORLD_SIZE, but their ranks are the ones ``ddpkit
+    run`` assigned. A PyTorchJob's own RANK is the pod's, read as one process per pod.
 
     Example:
         >>> detect_topology({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}).launcher
         'mpi'
     """
-    for detector in (_torchrun_topology, _slurm_topology, _mpi_topology):
+    detectors: tuple[Callable[[Mapping[str, str]], Topology | None], ...]
+    detectors = (_pod_topology, _torchrun_topology, _slurm_topology, _mpi_topology)
+    if "TORCHELASTIC_RUN_ID" in env:  # a worker of torch's launcher (ddpkit run, torchrun)
+        detectors = (_torchrun_topology,)
+    for detector in detectors:
         topology = detector(env)
         if topology is not None:
             _validate_ranks(topology)
@@ -201,6 +212,14 @@ def _torchrun_topology(env: Mapping[str, str]) -> Topology | None:
         restart=int_var(env, "TORCHELASTIC_RESTART_COUNT", default=0),
         max_restarts=int_var(env, "TORCHELASTIC_MAX_RESTARTS", default=0),
     )
+
+
+def _pod_topology(env: Mapping[str, str]) -> Topology | None:
+    """A process started directly in a Kubernetes training pod (``python train.py``)."""
+    job = detect_pod_job(env)
+    if job is None or (job.nnodes is None and job.node_rank == 0):
+        return None  # pod 0 of a job that does not say its size: a world of one
+    return Topology(**pod_topology_fields(job))  # type: ignore[arg-type]
 
 
 def _slurm_topology(env: Mapping[str, str]) -> Topology | None:

@@ -12,12 +12,14 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping
 
 from ddpkit._core.protocol import HANG_TIMEOUT_ENV
+from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
 from ddpkit.launch.launcher import run_script
-from ddpkit.launch.plan import LaunchPlan, plan_from_slurm
+from ddpkit.launch.plan import LaunchPlan, plan_from_pod, plan_from_slurm
 from ddpkit.launch.program import Program
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
@@ -122,18 +124,22 @@ def worker_settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LaunchPlan:
-    """The plan the ``run`` flags ask for; inside a SLURM step, nodes come from SLURM.
+    """The plan the ``run`` flags ask for; inside a SLURM step, nodes come from SLURM, and in
+    a Kubernetes training pod from its controller (:mod:`ddpkit.env.kubernetes`).
 
     Example:
         >>> parser = argparse.ArgumentParser(); add_arguments(parser)
         >>> launch_plan(parser.parse_args(["--nproc", "2", "train.py"]), environ={}).mode
         'local'
     """
-    rendezvous = rendezvous_flags(args)
+    env = os.environ if environ is None else environ
+    pod = detect_pod_job(env)
+    from_pod = pod is not None and not _rendezvous_given(args, env)
+    rendezvous = {"master": None, "rdzv_endpoint": None} if from_pod else rendezvous_flags(args)
     plan = LaunchPlan(
         nproc=resolve_nproc(args.nproc_per_node),
-        nnodes=args.nnodes or "1",
-        node_rank=args.node_rank,
+        nnodes="1" if from_pod else args.nnodes or "1",
+        node_rank=None if from_pod else args.node_rank,
         max_restarts=args.max_restarts,
         local_addr=args.local_addr,
         rdzv_id=args.rdzv_id,
@@ -146,11 +152,28 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         **rendezvous,
         **log_options(args),
     )
+    if pod is not None and from_pod:
+        nnodes = _given(args.nnodes, env.get("PET_NNODES", "1:1"))  # torchrun's default: 1:1
+        return plan_from_pod(plan, pod, nnodes)
     given = (args.nnodes not in (None, "1", "1:1"), *rendezvous.values(), args.standalone)
     job = slurm_nodes(environ)
     if job is not None and not any(given):  # `srun ddpkit run train.py`
         plan = plan_from_slurm(plan, job)
     return plan
+
+
+def _rendezvous_given(args: argparse.Namespace, env: Mapping[str, str]) -> bool:
+    """Whether the command line names where nodes meet (beyond the pod's PET_* defaults)."""
+    return bool(
+        args.standalone
+        or getattr(args, "master", None)
+        or _given(args.master_addr, env.get("PET_MASTER_ADDR"))
+        or _given(args.rdzv_endpoint or None, env.get("PET_RDZV_ENDPOINT"))
+    )
+
+
+def _given(value: str | None, from_environment: str | None) -> str | None:
+    return None if value is None or value == from_environment else value
 
 
 def _seconds(text: str) -> float:

@@ -134,6 +134,7 @@ class Diagnosis:
             exitcode=cause.exitcode,
             detail="\n".join(lines),
             headline=_headline(cause, same, self.finished),
+            peer_lost=cause.is_echo and cause.kind is not RecordKind.HANG_ANSWER,
         )
 
 

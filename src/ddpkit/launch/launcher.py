@@ -50,6 +50,7 @@ from ddpkit._core.protocol import (
 )
 from ddpkit._core.system import listening_pid, loopback_interface, usable_cores
 from ddpkit._core.torchversion import torch_at_least
+from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.errors import (
     ConfigError,
     DdpkitError,
@@ -128,6 +129,7 @@ def run_script(
     command, args = program.entrypoint()
     defaults = worker_env_defaults(plan)
     _announce(plan, defaults)
+    _wait_for_master_name(plan)
     env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
     with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
@@ -333,6 +335,17 @@ def _forward_sigusr1() -> None:
     signal.signal(signal.SIGUSR1, stop_agent)
 
 
+def _wait_for_master_name(plan: LaunchPlan) -> None:
+    """Across nodes, node 0's name must resolve before torch's rendezvous looks it up once
+    and fails (a pod's DNS name appears only once the pod runs)."""
+    endpoint = plan.master or plan.rdzv_endpoint
+    if endpoint is None:
+        return
+    host = endpoint.rpartition(":")[0].strip("[]")
+    if not is_address(host):
+        wait_for_name(host, say=command_logger("run").info)
+
+
 def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
     chosen = ", ".join(f"{k}={v}" for k, v in sorted(defaults.items()))
     where = {
@@ -340,6 +353,8 @@ def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
         "static": f", node {plan.node_rank} of {plan.nnodes} (master {plan.master})",
         "dynamic": f", {plan.nnodes} node(s) meeting at {plan.rdzv_endpoint} (id {run_id(plan)})",
     }[plan.mode]
+    if plan.contract:  # a pod: which controller said so, and from which variables
+        where = f"; {plan.contract}"
     command_logger("run").info(
         f"{plan.nproc} worker(s) on this node{where}"
         + (f"; worker defaults {chosen} (set them to override)" if chosen else "")

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit._core.text import parse_endpoint
+from ddpkit.env.kubernetes import PodJob
 from ddpkit.env.slurm import SlurmNodes
 from ddpkit.errors import ConfigError
 from ddpkit.launch.loopback import register_loopback_backend
@@ -63,6 +64,7 @@ class LaunchPlan:
     local_ranks_filter: tuple[int, ...] = ()
     merge_output: bool = True  # ddpkit run: lines printed alike by several ranks, once
     merge_window: float = 0.5  # seconds a line waits for the same line of other ranks
+    contract: str | None = None  # where the nodes came from, said at start (a pod's controller)
 
     def __post_init__(self) -> None:
         check_nproc(self.nproc)
@@ -167,6 +169,34 @@ def plan_from_slurm(plan: LaunchPlan, job: SlurmNodes) -> LaunchPlan:
         return plan
     master = f"{job.master_addr}:{job.master_port}"
     return replace(plan, nnodes=str(job.nnodes), node_rank=job.node_rank, master=master)
+
+
+def plan_from_pod(plan: LaunchPlan, job: PodJob, nnodes_flag: str | None = None) -> LaunchPlan:
+    """Fill a plan from a Kubernetes controller's contract (``ddpkit run`` as the pod's
+    command): static at node 0's name, or torch's c10d rendezvous there when elastic.
+
+    ``nnodes_flag`` (``--nnodes`` given on the command line) wins over the controller's.
+
+    Example:
+        >>> from ddpkit.env.kubernetes import Controller
+        >>> job = PodJob(Controller.TRAINJOB, "m", "2", 1, "4", "m-node-0-0.m", 29500)
+        >>> plan_from_pod(LaunchPlan(nproc=4), job).master
+        'm-node-0-0.m:29500'
+    """
+    nnodes = nnodes_flag or job.nnodes
+    if nnodes is None:
+        raise ConfigError(
+            f"{job.describe()}; nothing says how many pods the job has: pass --nnodes N "
+            "(or set PET_NNODES in the pod spec; `ddpkit k8s` writes it)"
+        )
+    contract = replace(job, nnodes=nnodes).describe()
+    if ":" in nnodes or job.node_rank is None:  # elastic: ranks are assigned as pods arrive
+        return replace(plan, nnodes=nnodes, node_rank=None, master=None, contract=contract,
+                       rdzv_endpoint=job.master, rdzv_id=plan.rdzv_id or job.name)  # fmt: skip
+    if parse_nnodes(nnodes)[0] == 1:
+        return replace(plan, contract=contract)
+    return replace(plan, nnodes=nnodes, node_rank=job.node_rank, master=job.master,
+                   rdzv_endpoint=None, contract=contract)  # fmt: skip
 
 
 def to_launch_config(

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -26,6 +27,8 @@ from torch import nn
 from ddpkit.observe.console import Console, SetupLine
 from ddpkit.observe.rankreport import RankReport
 from ddpkit.observe.steptime import StepClock
+from ddpkit.observe.trainerstatus import TrainerStatus
+from ddpkit.runtime.collectives import is_main
 
 TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
 
@@ -43,6 +46,8 @@ class RunObserver:
         self.ranks = RankReport(self.clock)
         self.console = Console(log_every)
         self.window = log_every or TIMES_WINDOW  # steps between sharing the times
+        # rank 0 tells a Kubeflow TrainJob's status how far the run is
+        self.status = TrainerStatus.from_environment(os.environ) if is_main() else None
 
     def fit_started(self, setup: SetupLine, resumed: Mapping[str, Any] | None) -> None:
         """The run starts: its set-up line (and what a resume did to the batch)."""
@@ -52,9 +57,13 @@ class RunObserver:
         """Epoch ``epoch`` (from 0) starts with ``done`` of ``total`` batches behind it."""
         self.console.epoch_started(epoch, epochs, total, done)
         self.ranks.epoch_started()
+        if self.status is not None:
+            self.status.epoch_started(epoch, epochs, total, done)
 
     def batch_done(self) -> None:
         self.console.batch_done()
+        if self.status is not None:
+            self.status.batch_done()
 
     def step_done(
         self,
@@ -69,6 +78,8 @@ class RunObserver:
         if collective and step % self.window == 0:
             self.console.times = self.ranks.share(loader)
         self.console.step_done(where, metrics)
+        if self.status is not None:
+            self.status.report(metrics)
 
     def epoch_times(self, loader: Any) -> dict[str, float]:
         """The epoch's step times and memory, shared by every rank (a collective)."""
@@ -77,6 +88,11 @@ class RunObserver:
     def epoch_done(self, metrics: dict[str, float], epochs: int, trained: bool) -> None:
         """The epoch's line (with the ranks' times when it ``trained`` batches here)."""
         self.console.epoch_done(metrics, epochs, self.ranks.latest if trained else None)
+        if self.status is not None:
+            self.status.report(metrics)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """The run ends: ``finished`` its epochs, or stopped early."""
         self.clock.close()
+        if self.status is not None:
+            self.status.close(finished)

@@ -28,6 +28,7 @@ from torch._C._distributed_c10d import Store
 from ddpkit._core import log
 from ddpkit._core.protocol import failure_recorded
 from ddpkit._core.text import first_line
+from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import Backend, World
 from ddpkit.errors import NotInitializedError, RendezvousError
@@ -153,6 +154,8 @@ def _join_process_group(
 ) -> Store:
     join_s = join_timeout if join_timeout is not None else default_join_timeout(world, method)
     where = method.path if method.kind == "file" else f"{world.master_addr}:{world.master_port}"
+    if method.kind != "file" and world.master_addr and not is_address(world.master_addr):
+        wait_for_name(world.master_addr)  # a pod's DNS name appears only once the pod runs
     store = open_store(world, method, join_s)
     await_all_ranks(store, world, join_s, str(where))
     if method.path is not None:  # a rank arriving at this file from now on is another job's

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import socket
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -44,6 +45,7 @@ from ddpkit.checkpoint.background import (
 from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.checkpoint.savetimes import record_save_seconds
 from ddpkit.checkpoint.signature import check_same_model, model_signature
 from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder, prune
 from ddpkit.errors import CheckpointError, ConfigError
@@ -108,6 +110,7 @@ class Checkpointer:
         self.resumed_batch: dict[str, Any] | None = None  # the batch facts resumed from
         self._copy_said = False
         self._save_at = positive_int_var(SAVE_AT_STEP_ENV)
+        self._save_started = time.monotonic()
 
     def due_after_step(self, step: int, last: bool, even: bool = True) -> bool:
         """Whether step ``step``'s checkpoint is due now. At the epoch's ``last`` batch, or in
@@ -153,6 +156,7 @@ class Checkpointer:
     ) -> str:
         """Write a checkpoint at ``position``, part-way through ``progress`` (None: after an
         epoch); a collective. Returns where it is (written, or being written)."""
+        self._save_started = time.monotonic()
         generator = loader_generator_state(loader) if progress is None else progress.generator_state
         mine = {"rng": capture_rng(), "loader_generator": generator, "host": socket.gethostname()}
         extra = {
@@ -219,6 +223,8 @@ class Checkpointer:
         if not is_main():
             return
         logger.info(f"saved {self.folder.location(name)}")
+        if self.folder.local is not None:  # for doctor's grace-period check
+            record_save_seconds(self.folder.local, time.monotonic() - self._save_started, name)
         if self.options.keep_last is not None:
             prune(self.folder, self.options.keep_last)
 

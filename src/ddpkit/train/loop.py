@@ -340,7 +340,7 @@ class TrainLoop:
         if self.checkpointer is not None:
             self.checkpointer.wait()  # a checkpoint written in the background is complete
         self.stopped = stop
-        self.observer.close()
+        self.observer.close(finished=stop is None)
         self.events.call("on_fit_end")
 
     def _stop(self, stop: Stop) -> NoReturn:

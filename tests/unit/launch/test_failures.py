@@ -220,3 +220,24 @@ def test_a_stop_signal_to_the_launcher_says_how_far_the_workers_got(
         write_error_file(tmp_path, rank, texts[kind], kind=kind)
     outcome = launch_outcome(SignalException("", signal.SIGTERM), str(tmp_path))
     assert isinstance(outcome, PreemptedError) and str(outcome).startswith(expected)
+
+
+def test_a_node_whose_workers_only_echo_a_lost_peer_exits_retriable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_error_file(tmp_path, 0, ECHO)  # its peers on the other node went away
+    lost = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path)
+    assert lost.peer_lost
+    write_error_file(tmp_path / "own", 0, "ValueError: bad batch")
+    assert not root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path / "own").peer_lost
+    # the launcher's exit code, which a Kubernetes podFailurePolicy reads
+    from ddpkit import cli
+    from ddpkit.errors import RendezvousError
+
+    for raised, code in ((lost, 69), (RendezvousError("master-0 not resolvable"), 69)):
+
+        def fail(_args: object, err: Exception = raised) -> int:
+            raise err
+
+        monkeypatch.setattr("ddpkit.launch.command.main", fail)
+        assert cli.main(["run", "--nproc", "1", "examples/wine.py"]) == code

@@ -111,3 +111,55 @@ def test_ddpkit_run_in_a_multi_node_batch_script_is_refused() -> None:
     batch.update(SLURM_NODEID="0", SLURM_PROCID="0")
     with pytest.raises(ConfigError, match=r"first of its 2 nodes only.*srun ddpkit run"):
         plan_for("--nproc", "2", environ=batch)
+
+
+TRAINJOB = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "3", "PET_NODE_RANK": "1",
+            "PET_MASTER_ADDR": "wine-node-0-0.wine", "PET_MASTER_PORT": "29500"}  # fmt: skip
+
+
+def pod_plan(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], *argv: str) -> LaunchPlan:
+    """The plan in a pod: torch's parser reads PET_* from the process's environment."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return plan_for(*argv, environ=env)
+
+
+def test_a_trainjob_pod_runs_static_at_node_0s_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = pod_plan(monkeypatch, TRAINJOB)
+    assert (plan.mode, plan.nnodes, plan.node_rank, plan.nproc) == ("static", "2", 1, 3)
+    assert plan.master == "wine-node-0-0.wine:29500"
+    assert plan.contract is not None and plan.contract.startswith(
+        "Kubeflow TrainJob wine: node 1 of 2"
+    )
+
+
+def test_pet_nnodes_min_max_runs_torchs_c10d_rendezvous_at_node_0(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = pod_plan(monkeypatch, {**TRAINJOB, "PET_NNODES": "2:4"})
+    assert (plan.mode, plan.nnodes, plan.rdzv_endpoint, plan.rdzv_id) == (
+        "dynamic",
+        "2:4",
+        "wine-node-0-0.wine:29500",
+        "wine",
+    )
+    config = to_launch_config(plan, "/tmp")
+    assert (config.rdzv_backend, config.min_nodes, config.max_nodes) == ("c10d", 2, 4)
+
+
+def test_a_jobset_pod_needs_its_size_from_pet_nnodes_or_the_flag(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("socket.getfqdn", lambda host="": f"{host}.wine.default.svc.cluster.local")
+    env = {"JOB_COMPLETION_INDEX": "1", "HOSTNAME": "wine-node-0-1"}
+    with pytest.raises(ConfigError, match="pass --nnodes N"):
+        pod_plan(monkeypatch, env)
+    plan = pod_plan(monkeypatch, env, "--nnodes", "2")
+    assert (plan.master, plan.node_rank, plan.nnodes) == ("wine-node-0-0.wine:29500", 1, "2")
+
+
+def test_rendezvous_flags_on_the_command_line_win_over_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    plan = pod_plan(monkeypatch, TRAINJOB, "--master", "10.0.0.1:29400", "--node-rank", "0")
+    assert (plan.master, plan.node_rank, plan.contract) == ("10.0.0.1:29400", 0, None)

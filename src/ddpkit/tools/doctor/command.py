@@ -31,7 +31,7 @@ from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
 from ddpkit.launch.plan import check_nproc
 from ddpkit.launch.program import check_script
-from ddpkit.tools.doctor import envinfo, links, netcheck, preflight, probe
+from ddpkit.tools.doctor import envinfo, links, netcheck, podcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
 from ddpkit.tools.doctor.smoke import size_text
 
@@ -63,6 +63,9 @@ class DoctorOptions:
     script_args: tuple[str, ...] = field(default_factory=tuple)
     steps: int = DEFAULT_STEPS
     timeout: float = DEFAULT_TIMEOUT_S
+    checkpoint_dir: str | None = None
+    grace_period: float | None = None
+    loader_workers: int = 0
 
 
 def add_arguments(doctor: argparse.ArgumentParser) -> None:
@@ -87,6 +90,19 @@ def add_arguments(doctor: argparse.ArgumentParser) -> None:
                         help=f"optimizer steps for --run (default: {DEFAULT_STEPS})")  # fmt: skip
     doctor.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds --smoke / --run may take (default: 300)")  # fmt: skip
+    doctor.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="the run's checkpoint folder: shared across pods? saves fit the "
+                        "grace period?")  # fmt: skip
+    doctor.add_argument("--grace-period", type=float, default=None, metavar="S",
+                        help="seconds between SIGTERM and SIGKILL (a pod's "
+                        "terminationGracePeriodSeconds; default: DDPKIT_GRACE_PERIOD)")  # fmt: skip
+    doctor.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="DataLoader workers per process, for /dev/shm's size (default 0)",
+    )
     doctor.add_argument("--nodes", action="store_true",
                         help="run on every host of a job: name a slow link or host")  # fmt: skip
     doctor.add_argument("--link-mib", type=float, default=16.0, metavar="MIB",
@@ -103,7 +119,7 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
     Example:
         >>> parser = argparse.ArgumentParser(); add_arguments(parser)
         >>> options_from_args(parser.parse_args(["--run", "t.py", "--", "-x"]))
-        DoctorOptions(..., script='t.py', script_args=('-x',), steps=20, timeout=300.0)
+        DoctorOptions(..., script='t.py', script_args=('-x',), steps=20, timeout=300.0, ...)
     """
     command = [*(args.run or []), *args.after_dashes]
     if args.run is None and command:
@@ -121,6 +137,9 @@ def options_from_args(args: argparse.Namespace) -> DoctorOptions:
         script_args=tuple(command[1:]),
         steps=args.steps,
         timeout=args.timeout,
+        checkpoint_dir=args.checkpoint_dir,
+        grace_period=args.grace_period,
+        loader_workers=max(0, args.loader_workers),
     )
 
 
@@ -211,6 +230,13 @@ def machine_checks(
         master_check,
         preflight.check_file_store(options.init_method),
         preflight.check_threads(environ, options.nproc, facts["cpu"]["usable_cores"]),
+        *podcheck.container_checks(
+            environ,
+            options.nproc,
+            options.loader_workers,
+            options.grace_period,
+            options.checkpoint_dir,
+        ),
     ]
 
 

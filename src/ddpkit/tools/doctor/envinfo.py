@@ -38,10 +38,12 @@ LAUNCHER_VARS = (
     "GROUP_RANK",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "JOB_COMPLETION_INDEX",  # an indexed Job's (JobSet, TrainJob): a Kubernetes contract
 )
 SOCKET_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
 _OTHER_VARS = ("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
-_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "NCCL_", "DDPKIT_")
+_PREFIXES = ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "NCCL_", "DDPKIT_", "PET_",
+             "VC_", "TORCHX_", "KUBEFLOW_TRAINER_")  # fmt: skip
 
 
 def collect(environ: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -245,7 +245,7 @@ def check_threads(environ: Mapping[str, str], nproc: int | None, cores: int) -> 
         >>> check_threads({"OMP_NUM_THREADS": "4", "LOCAL_WORLD_SIZE": "2"}, None, 2).status
         'WARN'
     """
-    workers, who = _workers_here(environ, nproc)
+    workers, who = workers_here(environ, nproc)
     threads, source = _threads_per_worker(environ, workers, from_ddpkit_run=who == "--nproc")
     if threads is None:
         detail = f"OMP_NUM_THREADS={environ.get('OMP_NUM_THREADS')!r} is not a positive integer"
@@ -264,7 +264,13 @@ def check_threads(environ: Mapping[str, str], nproc: int | None, cores: int) -> 
     )  # fmt: skip
 
 
-def _workers_here(environ: Mapping[str, str], nproc: int | None) -> tuple[int, str]:
+def workers_here(environ: Mapping[str, str], nproc: int | None) -> tuple[int, str]:
+    """This node's worker count and where it was read (LOCAL_WORLD_SIZE, --nproc).
+
+    Example:
+        >>> workers_here({"LOCAL_WORLD_SIZE": "4"}, None)
+        (4, 'LOCAL_WORLD_SIZE')
+    """
     raw = environ.get("LOCAL_WORLD_SIZE", "")
     if raw.isdigit() and int(raw) > 0:
         return int(raw), "LOCAL_WORLD_SIZE"

@@ -1,0 +1,1 @@
+"""``ddpkit k8s``: Kubernetes manifests for a ddpkit job."""
