@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace, module: ModuleType) -> int:
         return PEER_LOST_EXIT_CODE if err.peer_lost else _exit_code(err.exitcode)
     except RendezvousError as err:  # the nodes could not meet: retriable (docs/kubernetes.md)
         say.error(f"error: {err}")
-        return PEER_LOST_EXIT_CODE
+        return PEER_LOST_EXIT_CODE if err.retriable else CONFIG_EXIT_CODE
     except ScriptError as err:
         say.error(str(err))
         return err.exitcode

@@ -57,6 +57,12 @@ class RendezvousError(DdpkitError, RuntimeError):
         ddpkit.errors.RendezvousError: ranks did not join 127.0.0.1:29500 within 30 s
     """
 
+    def __init__(self, message: str, retriable: bool = True) -> None:
+        super().__init__(message)
+        # a peer not there yet, a name not resolvable yet: worth trying the job again;
+        # a port another process holds is not
+        self.retriable = retriable
+
 
 class WorkerFailedError(DdpkitError, RuntimeError):
     """A worker process of a launched job failed; carries its rank, exit code and traceback.

@@ -12,8 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit.checkpoint.savetimes import SAVE_TIMES_FILE
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "scripts"  # small scripts the tests launch
+
+
+def folder_names(folder: Path) -> list[str]:
+    """The names in a checkpoint folder, sorted, less the save times kept there for doctor
+    (a temporary file left behind still shows)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != SAVE_TIMES_FILE)
 
 
 def metric_lines(log: str) -> list[str]:

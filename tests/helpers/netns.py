@@ -37,6 +37,7 @@ class VirtualHost:
     cable: str  # the switch's end of its link
     switch: str  # the switch's address: this machine, as the host sees it
     interface: str = "eth0"
+    bridge: str = ""  # the switch's link name here (for add_host)
 
     def limit_rate(self, rate: str) -> None:
         """Shape this host's link to ``rate`` (tc's units, "40mbit") both ways: a bad port.
@@ -68,9 +69,13 @@ def ip(*args: str) -> None:
 
 
 @contextlib.contextmanager
-def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHost]]:
-    """``count`` hosts named PREFIX1.., at 10.250.N.2.. (N: a subnet no interface uses),
-    removed (namespaces, switch, hosts files) on exit."""
+def virtual_hosts(
+    count: int, prefix: str = "dkhost", names: list[str] | None = None
+) -> Iterator[list[VirtualHost]]:
+    """``count`` hosts named PREFIX1.. (or ``names``), at 10.250.N.2.. (N: a subnet no
+    interface uses), removed (namespaces, switch, hosts files) on exit."""
+    names = names or [f"{prefix}{i + 1}" for i in range(count)]
+    assert len(names) == count, f"{count} hosts, {len(names)} names"
     if os.geteuid() != 0 or not all(shutil.which(tool) for tool in ("ip", "nsenter", "unshare")):
         pytest.skip("virtual hosts need root, iproute2 (ip) and util-linux (nsenter, unshare)")
     tag = f"{os.getpid()}x{next(_networks)}"
@@ -82,10 +87,16 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
             _make_switch(switch, f"{subnet}.1")
         except subprocess.CalledProcessError as err:
             pytest.skip(f"cannot create a virtual network here: {err.stderr.decode().strip()}")
-    names = [(f"ddpk-{tag}-{i}", f"{prefix}{i + 1}", f"dkv{tag}{i}") for i in range(count)]
     hosts = [
-        VirtualHost(namespace, name, f"{subnet}.{i + 2}", cable, f"{subnet}.1")
-        for i, (namespace, name, cable) in enumerate(names)
+        VirtualHost(
+            f"ddpk-{tag}-{i}",
+            name,
+            f"{subnet}.{i + 2}",
+            f"dkv{tag}{i}",
+            f"{subnet}.1",
+            bridge=switch,
+        )
+        for i, name in enumerate(names)
     ]
     try:
         for host in hosts:
@@ -96,6 +107,31 @@ def virtual_hosts(count: int, prefix: str = "dkhost") -> Iterator[list[VirtualHo
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
             shutil.rmtree(f"/etc/netns/{host.namespace}", ignore_errors=True)
         subprocess.run(["ip", "link", "del", switch], capture_output=True)
+
+
+def add_host(network: VirtualHost, name: str, number: int) -> VirtualHost:
+    """One more host on ``network``'s switch (``network``: a host of :func:`virtual_hosts`),
+    named ``name``, at address ``.number`` of its subnet (one no host of it has had: a
+    machine that comes back elsewhere). Its hosts file names only itself; remove it with
+    :func:`remove_host` (:func:`virtual_hosts` removes only its own hosts).
+    """
+    tag = network.namespace.removeprefix("ddpk-").rpartition("-")[0]
+    subnet = network.switch.rpartition(".")[0]
+    host = VirtualHost(f"ddpk-{tag}-{number}", name, f"{subnet}.{number}", f"dkv{tag}{number}",
+                       network.switch, bridge=network.bridge)  # fmt: skip
+    try:
+        _plug(host, host.bridge, host.cable, [host])
+    except BaseException:
+        remove_host(host)
+        raise
+    return host
+
+
+def remove_host(host: VirtualHost) -> None:
+    """Its namespace (and so its link) and its hosts file; a process inside keeps running."""
+    subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+    subprocess.run(["ip", "link", "del", host.cable], capture_output=True)  # if never moved
+    shutil.rmtree(f"/etc/netns/{host.namespace}", ignore_errors=True)
 
 
 def _remove_stale_switches() -> None:

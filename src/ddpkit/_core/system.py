@@ -14,17 +14,69 @@ from pathlib import Path
 from typing import NoReturn
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its CPU affinity, e.g. under SLURM or taskset).
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """Cores this process may run on: its CPU affinity (SLURM, taskset), or less where its
+    cgroup's CPU quota is smaller (a container or pod's CPU limit, ``cpu.max``).
+
+    A pod limited to 4 CPUs on a 64-core node sees 64 cores; 64 threads would then share
+    4 cores' worth of time, each throttled in turn.
 
     Example:
         >>> usable_cores() <= (os.cpu_count() or 1)
         True
     """
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cpu_quota(cgroup_root)
+    return max(1, min(cores, quota)) if quota is not None else cores
+
+
+def cpu_quota(cgroup_root: str = "/sys/fs/cgroup", membership: str | None = None) -> int | None:
+    """This process's cgroup CPU limit in whole cores, rounded up; None if unlimited.
+
+    Reads cgroup v2's ``cpu.max``, else v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``,
+    in the cgroup ``/proc/self/cgroup`` (``membership``) names.
+
+    Example:
+        >>> cpu_quota("/nonexistent") is None
+        True
+    """
+    try:
+        lines = membership if membership is not None else Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return None
+    for line in lines.strip().splitlines():
+        _, controllers, path = line.split(":", 2)
+        limit = _v2_limit(cgroup_root, path) if controllers == "" else None
+        if limit is None and "cpu" in controllers.split(","):
+            limit = _v1_limit(cgroup_root, controllers, path)
+        if limit is not None:
+            return max(1, -(-limit[0] // limit[1]))
+    return None
+
+
+def _v2_limit(root: str, path: str) -> tuple[int, int] | None:
+    return _numbers(Path(root, path.lstrip("/"), "cpu.max"))
+
+
+def _v1_limit(root: str, controllers: str, path: str) -> tuple[int, int] | None:
+    folder = Path(root, controllers, path.lstrip("/"))
+    quota, period = _numbers(folder / "cpu.cfs_quota_us"), _numbers(folder / "cpu.cfs_period_us")
+    return (quota[0], period[0]) if quota and period else None
+
+
+def _numbers(path: Path) -> tuple[int, int] | None:
+    """The positive numbers a limit file holds ("400000 100000", or one), None for none."""
+    try:
+        words = path.read_text().split()
+    except OSError:
+        return None
+    if not words or not all(w.isdigit() and int(w) > 0 for w in words):
+        return None  # "max", "-1": no limit
+    numbers = [int(w) for w in words]
+    return (numbers[0], numbers[-1])
 
 
 def interface_names() -> list[str]:

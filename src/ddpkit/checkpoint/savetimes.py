@@ -3,7 +3,7 @@
 A stop signal (a pod deleted, a node drained, a SLURM preemption) gives a job a grace period
 before SIGKILL; ddpkit spends it writing one checkpoint. Whether the grace period is long
 enough is a measured question, so rank 0 records each save's seconds in the checkpoint
-folder (``save-seconds.json``) and ``ddpkit doctor --checkpoint-dir`` compares the slowest of
+folder (``.save-seconds.json``) and ``ddpkit doctor --checkpoint-dir`` compares the slowest of
 the last few with the grace period.
 
 Example:
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SAVE_TIMES_FILE = "save-seconds.json"
+SAVE_TIMES_FILE = ".save-seconds.json"  # hidden: the folder lists checkpoints
 _KEPT = 5  # the last few saves: one slow save on a busy file system counts
 
 

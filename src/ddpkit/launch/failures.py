@@ -134,7 +134,11 @@ class Diagnosis:
             exitcode=cause.exitcode,
             detail="\n".join(lines),
             headline=_headline(cause, same, self.finished),
-            peer_lost=cause.is_echo and cause.kind is not RecordKind.HANG_ANSWER,
+            # every failure here echoes a peer's, and no rank here finished early (a rank that
+            # skipped a collective is a bug in the script): the cause is on another node
+            peer_lost=cause.is_echo
+            and cause.kind is not RecordKind.HANG_ANSWER
+            and not self.finished,
         )
 
 

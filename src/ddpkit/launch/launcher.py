@@ -159,7 +159,8 @@ def store_failure(plan: LaunchPlan, err: DistNetworkError) -> RendezvousError:
     return RendezvousError(
         f"{endpoint} is in use{owner}: node 0 cannot host the rendezvous store there. Pick "
         f"another port (--master ADDR:PORT or --master-port) or stop "
-        + (f"pid {pid}" if pid is not None else "the process holding it")
+        + (f"pid {pid}" if pid is not None else "the process holding it"),
+        retriable=False,
     )
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from ddpkit.checkpoint import load_checkpoint
 from ddpkit.tools.slurm.script import SbatchOptions, sbatch_script
-from helpers.launch_helpers import REPO, metric_lines, worker_lines
+from helpers.launch_helpers import REPO, folder_names, metric_lines, worker_lines
 from helpers.slurm_cluster import SlurmCluster
 
 # The first test may install munge and SLURM (apt-get) and start the cluster.
@@ -78,7 +78,7 @@ def test_the_sbatch_script_of_ddpkit_slurm_trains(
     assert "(36 samples, 2 workers)" in out
     assert metric_lines(out) == wine_reference
     assert out.count("ddpkit: saved ") == 1  # rank 0 alone writes, once
-    assert [p.name for p in checkpoints.iterdir()] == ["epoch_000005.pt"]
+    assert folder_names(checkpoints) == ["epoch_000005.pt"]
 
 
 def test_srun_per_worker_and_per_node_train_alike(

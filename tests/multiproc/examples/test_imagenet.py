@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import REPO, ddpkit_cli, processes_running, worker_lines
+from helpers.launch_helpers import REPO, ddpkit_cli, folder_names, processes_running, worker_lines
 
 pytestmark = pytest.mark.multiproc
 
@@ -67,7 +67,7 @@ def test_the_tutorials_command_trains_on_two_processes_and_reports_top1_top5(
     assert re.search(r"epoch 1/1  batch 1/2  loss \d", out)  # -p 1: the tutorial's progress
     summary = re.search(r" \* Acc@1 (\d+\.\d{3}) Acc@5 (\d+\.\d{3})", out)
     assert summary and 0 <= float(summary.group(1)) <= float(summary.group(2)) <= 100
-    assert [p.name for p in checkpoints.iterdir()] == ["epoch_000001.pt"]
+    assert folder_names(checkpoints) == ["epoch_000001.pt"]
     assert processes_running("examples/imagenet.py") == []
 
 
@@ -86,7 +86,7 @@ def test_resume_continues_and_evaluate_only_evaluates(
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert f"resumed from {checkpoints / 'epoch_000002.pt'}" in evaluated.stdout
     assert " * Acc@1 " in evaluated.stdout and "loss" not in evaluated.stdout.split("Acc@5")[0]
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch_000001.pt", "epoch_000002.pt"]
+    assert folder_names(checkpoints) == ["epoch_000001.pt", "epoch_000002.pt"]
 
 
 @pytest.mark.oldest_torch  # the venv where torchvision imports (see the Makefile)

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running, worker_lines
+from helpers.launch_helpers import (
+    SCRIPTS,
+    ddpkit_cli,
+    folder_names,
+    processes_running,
+    worker_lines,
+)
 
 pytestmark = pytest.mark.multiproc
 
@@ -53,7 +59,7 @@ def test_wine_example_trains_to_high_accuracy_on_two_workers(tmp_path: Path) -> 
     assert last.startswith("test accuracy") and "2 workers" in last
     assert float(last.split()[2]) >= 0.9
     assert done.stdout.count("epoch 60/60") == 1  # rank 0 alone logs
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch_000030.pt", "epoch_000060.pt"]
+    assert folder_names(tmp_path) == ["epoch_000030.pt", "epoch_000060.pt"]
 
 
 def test_a_busy_master_port_is_one_line_naming_the_process_that_holds_it() -> None:

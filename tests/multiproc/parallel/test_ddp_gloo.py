@@ -12,6 +12,7 @@ import torch
 import ddpkit
 from ddpkit import WorkerFailedError
 from helpers import mp_workers
+from helpers.launch_helpers import folder_names
 from helpers.mp_workers import max_abs_diff
 
 pytestmark = pytest.mark.multiproc
@@ -51,7 +52,7 @@ def test_only_rank0_writes_and_resume_matches_uninterrupted_run(tmp_path: Path) 
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     full = ddpkit.spawn(mp_workers.train_with_checkpoints, 2, str(full_dir), 4, 2)
     assert [r["saved"] for r in full] == [[2, 4], []]  # rank 1 never writes
-    assert sorted(p.name for p in full_dir.iterdir()) == ["epoch_000002.pt", "epoch_000004.pt"]
+    assert folder_names(full_dir) == ["epoch_000002.pt", "epoch_000004.pt"]
 
     resumed_dir.mkdir()
     shutil.copy(full_dir / "epoch_000002.pt", resumed_dir)

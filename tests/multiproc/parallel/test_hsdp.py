@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 import ddpkit
 from helpers import strategy_workers as workers
-from helpers.launch_helpers import ddpkit_cli
+from helpers.launch_helpers import ddpkit_cli, folder_names
 from helpers.mp_workers import max_abs_diff
 
 pytestmark = pytest.mark.multiproc
@@ -46,7 +46,7 @@ def test_a_2x2_run_stopped_mid_epoch_resumes_bit_identical_and_as_fsdp_on_2(
     cut = tmp_path / "cut"
     with pytest.raises(ddpkit.WorkerFailedError, match="crash before step 7"):
         ddpkit.spawn(workers.train_hybrid, 4, "hsdp", 2, str(cut), 3, 7)
-    assert sorted(p.name for p in cut.iterdir())[-1] == "epoch_000002_step_000006.dcp"
+    assert folder_names(cut)[-1] == "epoch_000002_step_000006.dcp"
     kept = tmp_path / "kept"
     shutil.copytree(cut / "epoch_000002_step_000006.dcp", kept / "epoch_000002_step_000006.dcp")
 

@@ -12,6 +12,7 @@ import pytest
 
 import ddpkit
 from helpers import strategy_workers as workers
+from helpers.launch_helpers import folder_names
 from helpers.mp_workers import max_abs_diff
 
 pytestmark = pytest.mark.multiproc
@@ -31,7 +32,7 @@ def test_fsdp_and_ddp_with_clipping_match_one_process() -> None:
 def test_fsdp_sharded_checkpoint_resumes_to_the_same_parameters(tmp_path: Path) -> None:
     full_dir, resumed_dir = tmp_path / "full", tmp_path / "resumed"
     full = ddpkit.spawn(workers.train_toy, 2, "fsdp", 4, 4, 0.05, str(full_dir), 2)
-    written = sorted(p.name for p in full_dir.iterdir())
+    written = folder_names(full_dir)
     assert written == ["epoch_000002.dcp", "epoch_000004.dcp"]  # no temporary left behind
     assert {"__0_0.distcp", "__1_0.distcp"} <= {p.name for p in (full_dir / written[0]).iterdir()}
 
@@ -51,7 +52,7 @@ def test_fsdp_resumes_mid_epoch_from_verified_shards(tmp_path: Path, async_save:
     cut = (*args, str(tmp_path / "cut"), None, False, 2)
     with pytest.raises(ddpkit.WorkerFailedError, match="crash before step 8"):
         ddpkit.spawn(workers.train_toy, 2, *cut, 8, async_save)
-    newest = sorted(p.name for p in (tmp_path / "cut").iterdir())[-1]
+    newest = folder_names(tmp_path / "cut")[-1]
     assert newest == "epoch_000002_step_000006.dcp"  # keep_last=3 kept 2, 4 and 6
     resumed = ddpkit.spawn(workers.train_toy, 2, *cut, None, async_save)
     assert max_abs_diff(full[0], resumed[0]) == 0.0  # a synchronous run's, bit for bit

@@ -20,7 +20,7 @@ from ddpkit._core.protocol import PREEMPTED_EXIT_CODE
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint
 from helpers import mp_workers
 from helpers.jobs import Job, wait_for_no_processes
-from helpers.launch_helpers import SCRIPTS, ddpkit_cli, processes_running
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli, folder_names, processes_running
 
 pytestmark = pytest.mark.multiproc
 
@@ -157,13 +157,13 @@ def test_dying_between_write_and_rename_keeps_the_previous_checkpoint(tmp_path: 
     script = str(SCRIPTS / "die_while_saving.py")
     died = ddpkit_cli("run", "--nproc", "2", script, str(tmp_path), "--die-on-save", "2")
     assert died.returncode == 128 + signal.SIGKILL, died.stderr
-    temporary, kept = sorted(p.name for p in tmp_path.iterdir())  # "." sorts first
+    temporary, kept = folder_names(tmp_path)  # "." sorts first
     assert kept == "epoch_000001.pt" and re.fullmatch(r"\.epoch_000002\.pt\.\w+\.tmp", temporary)
     assert load_checkpoint(tmp_path / "epoch_000001.pt")["epoch"] == 1  # whole and intact
     again = ddpkit_cli("run", "--nproc", "2", script, str(tmp_path))
     assert again.returncode == 0, again.stderr
     assert f"resumed from {tmp_path / 'epoch_000001.pt'}" in again.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert folder_names(tmp_path) == [
         "epoch_000001.pt", "epoch_000002.pt", "epoch_000003.pt"]  # fmt: skip
     assert processes_running(str(tmp_path)) == []
 

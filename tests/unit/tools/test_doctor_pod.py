@@ -65,3 +65,14 @@ def test_in_a_trainjob_pod_doctor_reads_the_workers_and_the_grace_period() -> No
     assert "4 worker(s) with 0 loader worker(s)" in shm.detail
     assert grace.detail.startswith("45 s")
     assert folder.status in (FAIL, WARN)  # a pod's own file system
+
+
+def test_in_a_pod_the_master_checked_is_node_0_of_the_contract() -> None:
+    from ddpkit.tools.doctor.netcheck import master_endpoint
+
+    env = {"PET_NNODES": "2", "PET_NODE_RANK": "1", "PET_MASTER_ADDR": "w-node-0-0.w",
+           "PET_MASTER_PORT": "29500"}  # fmt: skip
+    endpoint = master_endpoint(None, None, env)
+    assert (endpoint.host, endpoint.port) == ("w-node-0-0.w", 29500)
+    assert endpoint.source == "from the Kubeflow TrainJob"
+    assert master_endpoint("10.0.0.1:1234", None, env).source == "from --master"

@@ -21,6 +21,7 @@ from pathlib import Path
 from ddpkit._core.system import listening_pid
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
+from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.errors import ConfigError
 from ddpkit.tools.doctor.envinfo import SOCKET_VARS
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check
@@ -56,7 +57,8 @@ class Endpoint:
 def master_endpoint(
     master: str | None, init_method: str | None, environ: Mapping[str, str]
 ) -> Endpoint:
-    """--master, else a tcp:// init method, else MASTER_ADDR/MASTER_PORT, else 127.0.0.1:29500.
+    """--master, else a tcp:// init method, else a Kubernetes controller's node 0, else
+    MASTER_ADDR/MASTER_PORT, else 127.0.0.1:29500.
 
     Example:
         >>> master_endpoint(None, None, {"MASTER_PORT": "1234"})
@@ -68,6 +70,9 @@ def master_endpoint(
         method = parse_init_method(init_method)
         assert method.host is not None and method.port is not None
         return Endpoint(method.host, method.port, "from --init-method")
+    pod = detect_pod_job(environ)
+    if pod is not None:  # where `ddpkit run` in this pod will meet the others
+        return Endpoint(pod.master_addr, pod.master_port, f"from the {pod.controller.label}")
     if "MASTER_ADDR" in environ or "MASTER_PORT" in environ:
         port = environ.get("MASTER_PORT", str(DEFAULT_MASTER[1]))
         if not port.isdigit() or not 0 < int(port) < 65536:

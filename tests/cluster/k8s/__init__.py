@@ -1,0 +1,1 @@
+"""Kubernetes controllers' contracts, with pods played by network namespaces."""
