@@ -98,6 +98,7 @@ def error_record(
     call: str | None = None,
     exitcode: int | None = None,
     kind: RecordKind = RecordKind.ERROR,
+    collectives: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """An error file's contents, in the layout torch's ``record()`` writes.
 
@@ -105,7 +106,8 @@ def error_record(
     the rank it blames (a traceback, a hang report); ``call`` the torch or ddpkit call the
     user's code was in (``"all_reduce (train.py:41)"``) and ``exitcode`` the code the worker
     exits with: extras torch ignores, for when the agent stopped the worker before it saw it.
-    ``kind`` says what the record is (:class:`RecordKind`).
+    ``kind`` says what the record is (:class:`RecordKind`); ``collectives`` the worker's last
+    collectives from torch's Flight Recorder (:mod:`ddpkit._core.flightrec`).
 
     Example:
         >>> error_record("ValueError: x", "Traceback ...", timestamp=7)["message"]["message"]
@@ -117,6 +119,8 @@ def error_record(
         extra["ddpkit_call"] = call
     if exitcode is not None:
         extra["ddpkit_exitcode"] = str(exitcode)
+    if collectives:
+        extra["ddpkit_collectives"] = json.dumps(collectives)
     return {"message": {"message": headline, "extraInfo": extra}}
 
 
@@ -192,6 +196,24 @@ def error_exitcode(message: Any) -> int | None:
         return None
     code = message.get("extraInfo", {}).get("ddpkit_exitcode")
     return int(code) if code is not None else None
+
+
+def error_collectives(message: Any) -> list[dict[str, Any]]:
+    """The last collectives a worker recorded with its error (empty when none).
+
+    Example:
+        >>> calls = [{"seq": 3, "op": "all_reduce"}]
+        >>> error_collectives(error_record("x", "y", collectives=calls)["message"])
+        [{'seq': 3, 'op': 'all_reduce'}]
+    """
+    if not isinstance(message, dict):
+        return []
+    text = message.get("extraInfo", {}).get("ddpkit_collectives")
+    try:
+        calls = json.loads(text) if text else []
+    except ValueError:
+        return []
+    return [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
 
 
 def error_call(message: Any) -> str | None:

@@ -17,16 +17,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
+from ddpkit._core.collectiveverdict import collective_verdict
 from ddpkit._core.protocol import (
     SAME_CALLS_FIX,
     RecordKind,
     error_call,
+    error_collectives,
     error_exitcode,
     error_headline,
     error_kind,
@@ -71,6 +73,7 @@ class Failure:
     headline: str = ""
     call: str | None = None  # the torch/ddpkit call the user's code was in
     kind: RecordKind = RecordKind.ERROR
+    collectives: tuple[dict[str, Any], ...] = ()  # its last ones (torch's Flight Recorder)
 
     @property
     def stopped(self) -> bool:
@@ -129,6 +132,14 @@ class Diagnosis:
         cause = self.cause
         same = [f for f in self.others if f.summary == cause.summary and not f.is_echo]
         lines = [cause.text] + [_what_happened(f, cause) for f in self.others if f not in same]
+        failed = [cause, *self.others]
+        verdict = collective_verdict(
+            {f.rank: {"collectives": list(f.collectives)} for f in failed},
+            pending_only=False,
+            aborted=tuple(f.rank for f in failed if f.exitcode == -signal.SIGABRT),
+        )
+        if verdict is not None:  # what their Flight Recorders say of the collectives
+            lines[:0] = [f"collectives: {verdict.line}", f"fix: {verdict.fix}"]
         return WorkerFailedError(
             rank=cause.rank,
             exitcode=cause.exitcode,
@@ -253,9 +264,8 @@ def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
         # even when the agent's SIGTERM reached it while it was still exiting.
         exitcode = reported[rank].exitcode if rank in reported else -1
         exitcode = exitcode if exitcode > 0 else (found.exitcode or 1)
-        reported[rank] = Failure(
-            rank, exitcode, found.text, found.timestamp, found.headline, found.call, found.kind
-        )
+        reported[rank] = Failure(rank, exitcode, found.text, found.timestamp, found.headline,
+                                 found.call, found.kind, tuple(found.collectives))  # fmt: skip
     return list(reported.values())
 
 
@@ -299,6 +309,7 @@ class Recorded:
     call: str | None
     exitcode: int | None
     kind: RecordKind
+    collectives: list[dict[str, Any]] = field(default_factory=list)
 
 
 def read_error_files(log_dir: Path) -> dict[int, Recorded]:
@@ -322,6 +333,7 @@ def read_error_files(log_dir: Path) -> dict[int, Recorded]:
                 error_call(message),
                 error_exitcode(message),
                 error_kind(message),
+                error_collectives(message),
             )
         except (OSError, ValueError, KeyError, TypeError):
             continue  # a half-written file from a killed worker tells us nothing

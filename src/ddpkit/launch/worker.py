@@ -25,6 +25,8 @@ import sys
 import traceback
 from collections.abc import Mapping
 
+from ddpkit._core.flightenv import arm_flight_recorder
+from ddpkit._core.flightrec import recent_collectives
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     ONE_STREAM_ENV,
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args:
         sys.exit("usage: python -m ddpkit.launch.worker [-m MODULE | SCRIPT] [ARGS...]")
     join_streams()
+    arm_flight_recorder()  # a plain torchrun script's collectives are recorded too
     die_with_launcher()
     stop_outside_training()
     run_setup()
@@ -93,7 +96,8 @@ def _exit_preempted(signum: int, _frame: object) -> None:
         f"stopped by {signal.Signals(signum).name} outside training (start-up, evaluation "
         "or exit), with nothing new saved; run the same command again"
     )
-    record = error_record(message, message, kind=RecordKind.PREEMPTED)
+    calls = recent_collectives()  # stopped in a collective a peer broke: which one
+    record = error_record(message, message, kind=RecordKind.PREEMPTED, collectives=calls)
     write_error_file(record, keep_existing=True)  # an error the script recorded stays the cause
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # the main thread may be inside a write
@@ -140,7 +144,9 @@ def report_script_error(err: BaseException) -> None:
     headline = mismatch or text.splitlines()[-1]
     details = f"{mismatch}\n{text}" if mismatch else text
     # A hang report written before this exception is the cause; it stays.
-    write_error_file(error_record(headline, details, call=waiting_call(err)), keep_existing=True)
+    calls = recent_collectives()  # torch's Flight Recorder: the collectives it was in
+    record = error_record(headline, details, call=waiting_call(err), collectives=calls)
+    write_error_file(record, keep_existing=True)
     if not os.environ.get(LAUNCHER_REPORTS_ENV):
         print(details, file=sys.stderr, flush=True)
 

@@ -18,6 +18,7 @@ import sys
 import traceback
 from types import TracebackType
 
+from ddpkit._core.flightrec import recent_collectives
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, RecordKind, error_record, write_error_file
 from ddpkit._core.torcherrors import summarize_mismatch
@@ -61,4 +62,6 @@ def record_failure(message: str, details: str, kind: RecordKind = RecordKind.ERR
     Example:
         >>> record_failure("stopped by SIGTERM", "...", RecordKind.PREEMPTED)  # no-op here
     """
-    write_error_file(error_record(message, details, kind=kind), keep_existing=kind.is_state)
+    calls = None if kind.is_state else recent_collectives()  # the collectives it was in
+    record = error_record(message, details, kind=kind, collectives=calls)
+    write_error_file(record, keep_existing=kind.is_state)

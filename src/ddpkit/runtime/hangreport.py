@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpkit._core.collectiveverdict import collective_verdict
 from ddpkit._core.protocol import SAME_CALLS_FIX
 from ddpkit._core.text import ranks_text
 
@@ -57,7 +58,11 @@ def compose_report(
     # Speak from a rank that waits for the others, whichever rank noticed first.
     waiting = min((rank for rank in states if rank not in missing), default=reporter)
     lines = [_headline(states[waiting], waiting, timeout_s, missing, finished_ranks(states))]
-    lines.append(_diagnosis(states, missing, world_size))
+    verdict = collective_verdict(states, world_size)  # from the ranks' Flight Recorders
+    if verdict is None:
+        lines.append(_diagnosis(states, missing, world_size))
+    else:  # the collectives say more precisely what happened, and what to do
+        lines += [f"collectives: {verdict.line}", f"fix: {verdict.fix}"]
     lines += _rank_lines(states, missing, world_size)
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import faulthandler
 import gc
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ddpkit._core import log
+from ddpkit._core.flightenv import arm_flight_recorder
 from ddpkit._core.protocol import failure_recorded
 from ddpkit._core.text import first_line
 from ddpkit.env.dns import is_address, wait_for_name
@@ -84,6 +86,8 @@ def init(
     if _current is not None:
         return _current
     install_short_errors()  # a bad setting below ends the script with one clear message
+    if not faulthandler.is_enabled():  # a crash in native code (gloo's abort) shows the line
+        faulthandler.enable(all_threads=True)
     if seed is not None:
         seed_everything(seed)
     method = parse_init_method(init_method) if init_method else None
@@ -93,6 +97,7 @@ def init(
     hang_timeout = resolve_hang_timeout(hang_timeout)  # a bad value fails before joining
     store = None
     if (world.is_launched or method is not None) and not dist.is_initialized():
+        arm_flight_recorder()  # before the group exists: a hang is then named at the collective
         method = method or InitMethod("env")
         store = _join_process_group(world, method, _as_timedelta(timeout), join_timeout)
     start_watchdog(hang_timeout, world.rank, world.world_size, store)

@@ -36,6 +36,7 @@ from typing import Any
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from ddpkit._core.flightrec import recent_collectives
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV, RecordKind
 from ddpkit._core.system import flush_and_exit
@@ -118,6 +119,7 @@ class Watchdog:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "stack": thread_stack(self._training_thread),
+            "collectives": recent_collectives(),  # torch's Flight Recorder, when armed
         }
 
     def start(self) -> Watchdog:
