@@ -27,6 +27,13 @@ _SET_BY_LIBRARIES = {
     "KMP_DUPLICATE_LIB_OK": "scikit-learn, joblib (at import)",
     "KMP_INIT_AT_FORK": "scikit-learn, joblib (at import)",
     "_MLFLOW_TELEMETRY_SESSION_ID": "mlflow 3 (at import; unset when telemetry is off)",
+    # ddpkit.init() arms torch's Flight Recorder and NCCL's error handling before the first
+    # process group, for the process's life (torch reads them then): _core/flightenv.py
+    "TORCH_FR_BUFFER_SIZE": "ddpkit.init() (the Flight Recorder)",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "ddpkit.init() on torch 2.7 (the Flight Recorder)",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "ddpkit.init() (NCCL's errors surface)",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "ddpkit.init() (NCCL dumps the recorder on a timeout)",
+    "TORCH_FR_DUMP_TEMP_FILE": "ddpkit.init() under an elastic launch (where dumps go)",
 }
 # mlflow's telemetry would reach for the network from a thread; the tests have none.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -259,3 +260,22 @@ def gathered_for_metrics(n: int, shuffle: bool) -> dict[str, object]:
     sums.add({"loss": 1.0 + world.rank, f"only_rank{world.rank}": 1.0}, samples=1 + world.rank)
     return {"preds": preds.tolist(), "labels": labels.tolist(), "uneven": uneven.tolist(),
             "mismatch": mismatch, "metrics": sums.reduce()}  # fmt: skip
+
+
+def nccl_flight_recorder() -> dict[str, Any]:
+    """One GPU rank: an all_reduce over NCCL, then what its Flight Recorder holds."""
+    import os
+
+    from ddpkit._core.flightrec import recent_collectives
+
+    world = ddpkit.init()
+    tensor = torch.ones(3, device=world.device)
+    torch.distributed.all_reduce(tensor)
+    torch.cuda.synchronize()
+    names = (
+        "TORCH_NCCL_DUMP_ON_TIMEOUT",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+        "TORCH_FR_DUMP_TEMP_FILE",
+    )
+    return {"backend": world.backend, "collectives": recent_collectives(),
+            "env": {name: os.environ.get(name, "") for name in names}}  # fmt: skip

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import ddpkit
-from ddpkit.runtime.watchdog import watch
+from ddpkit import watch
 
 
 def main() -> None:

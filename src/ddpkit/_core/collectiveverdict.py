@@ -52,7 +52,7 @@ class Cause(str, enum.Enum):
 
 
 FIXES = {
-    Cause.MISSING: "the missing rank is elsewhere (its stack is below): a skipped batch or "
+    Cause.MISSING: "the missing rank is elsewhere (its stack says where): a skipped batch or "
     "backward, a collective or a metric on some ranks only, rank-dependent control flow",
     Cause.DISAGREE: "every rank must issue the same collectives, with the same sizes and "
     "dtypes, in the same order: rank-dependent control flow, unused parameters "
@@ -127,6 +127,8 @@ def collective_verdict(
             f"{_waits(first, called, since, named=True)}; {_who(silent)} did not answer "
             "(stopped, or frozen in native code): its Python stack and collectives are unknown"
         ))  # fmt: skip
+    if all(lasts[r]["done"] for r in waiting):  # type: ignore[index]
+        return None  # after the fact: every rank completed the same call; nothing waits
     line = f"{_who(waiting)} issued {_name(called)} alike and it does not complete"
     return Verdict(Cause.STUCK, line)
 
@@ -158,7 +160,7 @@ def _behind(
 
 def _disagree(group: str, seq: int, calls: dict[int, Call | None]) -> str:
     sides = [f"rank {r} {_what(c)}{_at(c)}" for r, c in calls.items() if c is not None]
-    return f"ranks disagree at collective #{seq} of the {_group(group)} group: " + ", ".join(
+    return f"ranks disagree at collective #{seq} of the {group_name(group)} group: " + ", ".join(
         sides[:4]
     )
 
@@ -172,7 +174,7 @@ def _waits(rank: int, call: Call, since: Any, named: bool = False) -> str:
 def _name(call: Call) -> str:
     """``all_reduce #37 of the default group (DDP gradient bucket, 110 float32)``."""
     details = ", ".join(filter(None, [call.get("purpose"), _size(call)]))
-    return f"{call['op']} #{call['seq']} of the {_group(call['group'])} group" + (
+    return f"{call['op']} #{call['seq']} of the {group_name(call['group'])} group" + (
         f" ({details})" if details else ""
     )
 
@@ -205,7 +207,13 @@ def _at(call: Call) -> str:
     return f" at {call['where']}" if call.get("where") else ""
 
 
-def _group(name: str) -> str:
+def group_name(name: str) -> str:
+    """``default`` for the default process group, else its name.
+
+    Example:
+        >>> group_name("default_pg")
+        'default'
+    """
     return "default" if name in ("default_pg", "0", "") else name
 
 

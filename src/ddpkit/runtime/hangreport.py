@@ -27,12 +27,18 @@ from typing import Any
 from ddpkit._core.collectiveverdict import collective_verdict
 from ddpkit._core.protocol import SAME_CALLS_FIX
 from ddpkit._core.text import ranks_text
+from ddpkit._core.torchversion import torch_at_least, torch_text
 
 State = dict[str, Any]
 _MAX_LISTED = 8  # ranks listed per group; a 1,000-rank job's report stays readable
 _MISMATCH_FIX = (
     "every rank must call the same collectives, with the same shapes and dtypes, in the same "
     "order; `ddpkit run --debug-collectives` (TORCH_DISTRIBUTED_DEBUG=DETAIL) checks each call"
+)
+# torch 2.7's Flight Recorder is NCCL's only; gloo's collectives are recorded from torch 2.8
+_OLD_TORCH = (
+    f"torch {torch_text()} records no gloo collectives in its Flight Recorder (torch 2.8 "
+    "and later do); the ranks' activities below"
 )
 _NETWORK_FIX = (
     "the ranks reached the same call but it does not complete: check that they can reach "
@@ -59,6 +65,8 @@ def compose_report(
     waiting = min((rank for rank in states if rank not in missing), default=reporter)
     lines = [_headline(states[waiting], waiting, timeout_s, missing, finished_ranks(states))]
     verdict = collective_verdict(states, world_size)  # from the ranks' Flight Recorders
+    if verdict is None and not torch_at_least("2.8"):
+        lines.append(f"collectives: not named: {_OLD_TORCH}")
     if verdict is None:
         lines.append(_diagnosis(states, missing, world_size))
     else:  # the collectives say more precisely what happened, and what to do

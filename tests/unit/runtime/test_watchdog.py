@@ -226,3 +226,27 @@ def test_a_watchdog_stopped_without_finishing_says_nothing() -> None:
     store = PrefixStore("hang/", HashStore())
     make_dog(store, rank=1, timeout=60).stop()  # a failing rank's teardown, say
     assert not store.check(["state/1"])
+
+
+def test_the_report_names_the_collective_from_the_ranks_flight_recorders() -> None:
+    from ddpkit.runtime.hangreport import compose_report
+
+    def call(seq: int, done: bool) -> dict[str, object]:
+        return {"seq": seq, "op": "all_reduce", "group": "default_pg", "sizes": [[110]],
+                "dtypes": ["Float"], "done": done, "where": f"train.py:{seq} (main)",
+                "purpose": "DDP gradient bucket"}  # fmt: skip
+
+    states = {
+        0: {"doing": "step 3", "for_s": 7.0, "progress": 9, "stack": [],
+            "collectives": [call(7, True), call(8, False)]},
+        1: {"doing": "step 3", "for_s": 7.0, "progress": 9, "stack": [],
+            "collectives": [call(7, True)]},
+    }  # fmt: skip
+    lines = compose_report(states, 2, reporter=0, timeout_s=5).splitlines()
+    assert lines[1] == (
+        "collectives: rank 1 never issued all_reduce #8 of the default group (DDP gradient "
+        "bucket, 110 float32); rank 0 waits in it since 7 s, called from train.py:8 (main); "
+        "rank 1's last collective there was #7 at train.py:7 (main)"
+    )
+    assert lines[2].startswith("fix: the missing rank is elsewhere")
+    assert not any("network" in line for line in lines)  # the activities alone would say so

@@ -22,6 +22,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ddpkit import __version__
@@ -31,7 +32,7 @@ from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
 from ddpkit.launch.plan import check_nproc
 from ddpkit.launch.program import check_script
-from ddpkit.tools.doctor import envinfo, links, netcheck, podcheck, preflight, probe
+from ddpkit.tools.doctor import dumps, envinfo, links, netcheck, podcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
 from ddpkit.tools.doctor.smoke import size_text
 
@@ -103,6 +104,13 @@ def add_arguments(doctor: argparse.ArgumentParser) -> None:
         metavar="N",
         help="DataLoader workers per process, for /dev/shm's size (default 0)",
     )
+    doctor.add_argument(
+        "--dumps",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="explain a job's Flight Recorder dumps (one file per rank)",
+    )
     doctor.add_argument("--nodes", action="store_true",
                         help="run on every host of a job: name a slow link or host")  # fmt: skip
     doctor.add_argument("--link-mib", type=float, default=16.0, metavar="MIB",
@@ -152,6 +160,9 @@ def main(args: argparse.Namespace) -> int:
     """
     if args.nodes:
         return _links(args)
+    if args.dumps is not None:  # after the fact: no checks of this machine
+        print("\n".join(dumps.explain_dumps(args.dumps)))
+        return 0
     options = options_from_args(args)
     if options.script is not None:
         check_script(options.script)  # a typo is a usage error, not a failed launch
