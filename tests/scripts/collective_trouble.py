@@ -6,6 +6,8 @@ torch.distributed calls, ddpkit only for init and the step labels): MODE is
 - ``sizes``: the ranks reduce tensors of different sizes;
 - ``sigstop``: rank 1 stops itself (SIGSTOP) before its third backward;
 - ``skip_backward``: rank 1 skips its third step's backward, then both reduce the loss.
+
+STRATEGY (``ddp``, the default, or ``fsdp``) wraps the model.
 """
 
 import os
@@ -21,9 +23,9 @@ from ddpkit import watch
 
 
 def main() -> None:
-    mode = sys.argv[1]
+    mode, strategy = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "ddp")
     world = ddpkit.init(seed=0)
-    model = ddpkit.prepare_model(torch.nn.Linear(10, 10))
+    model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(10, 10)), strategy)
     rank = world.rank
     for step in range(1, 6):
         with watch(f"step {step}"):

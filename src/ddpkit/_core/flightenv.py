@@ -8,10 +8,10 @@ bootstrap for plain torchrun scripts) so that a hang can be named at the collect
 ``DDPKIT_FLIGHT_RECORDER=0`` turns it off (size 0). A size the user set is kept.
 
 Example:
-    >>> flight_recorder_defaults({})  # torch 2.7 reads TORCH_NCCL_TRACE_BUFFER_SIZE
-    {'TORCH_FR_BUFFER_SIZE': '2000'}
-    >>> flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "0"})
-    {'TORCH_FR_BUFFER_SIZE': '0'}
+    >>> flight_recorder_defaults({})  # doctest: +ELLIPSIS
+    {'TORCH_...BUFFER_SIZE': '2000'}
+    >>> list(flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "0"}).values())
+    ['0']
 """
 
 from __future__ import annotations

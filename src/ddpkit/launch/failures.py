@@ -133,10 +133,15 @@ class Diagnosis:
         same = [f for f in self.others if f.summary == cause.summary and not f.is_echo]
         lines = [cause.text] + [_what_happened(f, cause) for f in self.others if f not in same]
         failed = [cause, *self.others]
-        verdict = collective_verdict(
-            {f.rank: {"collectives": list(f.collectives)} for f in failed},
-            pending_only=False,
-            aborted=tuple(f.rank for f in failed if f.exitcode == -signal.SIGABRT),
+        hang = any(f.kind in (RecordKind.HANG, RecordKind.HANG_ANSWER) for f in failed)
+        verdict = (
+            None
+            if hang
+            else collective_verdict(  # a hang report has its own line
+                {f.rank: {"collectives": list(f.collectives)} for f in failed},
+                pending_only=False,
+                aborted=tuple(f.rank for f in failed if f.exitcode == -signal.SIGABRT),
+            )
         )
         if verdict is not None:  # what their Flight Recorders say of the collectives
             lines[:0] = [f"collectives: {verdict.line}", f"fix: {verdict.fix}"]

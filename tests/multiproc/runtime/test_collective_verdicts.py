@@ -21,11 +21,11 @@ HANG_TIMEOUT_S = 5
 SCRIPT = SCRIPTS / "collective_trouble.py"
 
 
-def trouble(mode: str) -> tuple[int, str, float]:
+def trouble(mode: str, strategy: str = "ddp") -> tuple[int, str, float]:
     """Exit code, the launcher's report (after the blamed rank's line), and the seconds from
     the first training step to the moment a rank printed the collectives' verdict."""
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--hang-timeout",
-               str(HANG_TIMEOUT_S), str(SCRIPT), mode]  # fmt: skip
+               str(HANG_TIMEOUT_S), str(SCRIPT), mode, strategy]  # fmt: skip
     job = subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)  # fmt: skip
     seen: dict[str, float] = {}
@@ -37,7 +37,7 @@ def trouble(mode: str) -> tuple[int, str, float]:
     finally:
         job.kill()
         reader.join(timeout=10)
-    assert processes_running(f"{SCRIPT} {mode}") == []
+    assert processes_running(f"{SCRIPT} {mode} {strategy}") == []
     named = seen.get("named", time.monotonic()) - seen.get("training", 0.0)
     return job.returncode, err.split("ddpkit run: worker rank")[-1], named
 
@@ -77,15 +77,22 @@ def test_a_collective_on_rank_0_only_names_the_rank_that_never_issued_it() -> No
     assert "fix: the missing rank is elsewhere" in report
 
 
-def test_a_rank_stopped_mid_step_is_named_and_the_waiting_ranks_ddp_bucket_shown() -> None:
-    code, report, named_after = trouble("sigstop")
+# One strategy only: the stopped rank ignores SIGTERM, so each run lasts torch's 30 s until
+# its SIGKILL. DDP's gradient bucket is named by the skip_backward case below.
+@pytest.mark.parametrize(
+    ("strategy", "waited_in"),
+    [("fsdp", r"all_gather #\d+ of the default group \(FSDP all-gather, 55 float32\)")],
+)
+def test_a_rank_stopped_mid_step_is_named_and_the_waiting_ranks_collective_shown(
+    strategy: str, waited_in: str
+) -> None:
+    code, report, named_after = trouble("sigstop", strategy)
     # named in time; the stopped rank ignores SIGTERM, so the job ends with torch's SIGKILL
     assert code == 124 and named_after <= HANG_TIMEOUT_S + 10, report
     line = collectives_line(report)
     assert re.match(
-        r"rank 0 waits in all_reduce #\d+ of the default group \(DDP gradient bucket, 110 "
-        r"float32\) since \d+ s, called from collective_trouble\.py:\d+ \(main\); rank 1 did not "
-        r"answer",
+        rf"rank 0 waits in {waited_in} since \d+ s, called from collective_trouble\.py:\d+ "
+        r"\(main\); rank 1 did not answer",
         line,
     ), line
 

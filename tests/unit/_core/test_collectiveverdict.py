@@ -13,6 +13,7 @@ import pytest
 from ddpkit._core.collectiveverdict import Cause, collective_verdict
 from ddpkit._core.flightenv import flight_recorder_defaults
 from ddpkit._core.flightrec import compact, load_dump, recent_collectives
+from ddpkit._core.torchversion import torch_at_least
 from ddpkit.tools.doctor.dumps import explain_dumps
 
 
@@ -81,8 +82,8 @@ def test_flight_recorder_entries_are_compacted_and_dumps_read_as_plain_data(tmp_
 
 
 def test_the_recorder_is_armed_unless_asked_not_to_or_already_set() -> None:
-    assert flight_recorder_defaults({}) == {"TORCH_FR_BUFFER_SIZE": "2000"}
-    assert flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "off"}) == {
-        "TORCH_FR_BUFFER_SIZE": "0"
-    }
+    # torch 2.8 and later read TORCH_FR_BUFFER_SIZE; torch 2.7 TORCH_NCCL_TRACE_BUFFER_SIZE
+    name = "TORCH_FR_BUFFER_SIZE" if torch_at_least("2.8") else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    assert flight_recorder_defaults({}) == {name: "2000"}
+    assert flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "off"}) == {name: "0"}
     assert flight_recorder_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}) == {}
