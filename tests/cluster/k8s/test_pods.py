@@ -245,19 +245,23 @@ def assert_computes_what_one_process_computes(run: PodsRun, references: Referenc
     assert pods.record["replicas"] == two.record["replicas"]
 
 
+def assert_each_pod_names(run: PodsRun, contract: str) -> None:
+    """Every pod trained, and its start-up line names the contract it read (``contract``
+    with {job}, {rank} and {master} filled in)."""
+    assert run.codes == [0, 0], run.outputs()
+    for rank, pod in enumerate(run.pods):
+        line = start_up_line(pod)
+        assert line.startswith("ddpkit run: 1 worker(s) on this node"), line
+        assert contract.format(job=JOB, rank=rank, master=f"{MASTER}:{PORT}") in line, line
+
+
 # -- Kubeflow Trainer v2 TrainJob -----------------------------------------------------------
 
 
 @pytest.mark.timeout(300)  # with the module's references, run meanwhile
 def test_trainjob_pods_meet_from_the_controllers_variables_alone(trainjob: PodsRun) -> None:
-    assert trainjob.codes == [0, 0], trainjob.outputs()
-    for rank, pod in enumerate(trainjob.pods):
-        line = start_up_line(pod)
-        assert line.startswith("ddpkit run: 1 worker(s) on this node"), line
-        assert (
-            f"Kubeflow TrainJob {JOB}: node {rank} of 2 (PET_NNODES, PET_NODE_RANK), "
-            f"master {MASTER}:{PORT}"
-        ) in line
+    assert_each_pod_names(trainjob, "Kubeflow TrainJob {job}: node {rank} of 2 (PET_NNODES, "
+                          "PET_NODE_RANK), master {master}")  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -286,14 +290,8 @@ def test_trainjob_pods_compute_what_one_process_computes(
 
 @pytest.mark.timeout(300)
 def test_jobset_pods_find_node_0_from_their_host_names(jobset: PodsRun) -> None:
-    assert jobset.codes == [0, 0], jobset.outputs()
-    for rank, pod in enumerate(jobset.pods):
-        line = start_up_line(pod)
-        assert line.startswith("ddpkit run: 1 worker(s) on this node"), line
-        assert (
-            f"JobSet {JOB}: node {rank} of 2 (JOB_COMPLETION_INDEX, HOSTNAME, PET_NNODES), "
-            f"master {MASTER}:{PORT}"
-        ) in line
+    assert_each_pod_names(jobset, "JobSet {job}: node {rank} of 2 (JOB_COMPLETION_INDEX, "
+                          "HOSTNAME, PET_NNODES), master {master}")  # fmt: skip
 
 
 @pytest.mark.timeout(300)
