@@ -82,11 +82,12 @@ def recent_collectives(data: dict[str, Any] | None = None) -> list[Call]:
     """
     data = dump() if data is None else data
     entries = [e for e in (data or {}).get("entries", []) if not e.get("is_p2p")]
-    last: dict[str, list[Call]] = {}
-    for entry in entries:
-        call = compact(entry)
-        last.setdefault(call["group"], []).append(call)
-    return [call for calls in last.values() for call in calls[-_KEPT_PER_GROUP:]]
+    last: dict[str, list[dict[str, Any]]] = {}
+    for entry in reversed(entries):  # newest first: only the few kept are read in full
+        kept = last.setdefault(str(entry.get("process_group")), [])
+        if len(kept) < _KEPT_PER_GROUP:
+            kept.append(entry)
+    return [compact(entry) for kept in last.values() for entry in reversed(kept)]
 
 
 def compact(entry: dict[str, Any]) -> Call:
