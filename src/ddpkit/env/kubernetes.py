@@ -106,11 +106,9 @@ class PodJob:
     def describe(self) -> str:
         """One clause for the start-up line: which controller, where this pod is, from what."""
         of = f" of {self.nnodes}" if self.nnodes else ""
-        where = (
-            f"elastic ({self.nnodes} nodes)"
-            if self.node_rank is None
-            else (f"node {self.node_rank}{of}")
-        )
+        where = f"node {self.node_rank}{of}"
+        if self.node_rank is None:  # elastic: torch's rendezvous assigns it
+            where = f"elastic ({self.nnodes} nodes)"
         read = f" ({', '.join(self.read)})" if self.read else ""
         return f"{self.controller.label} {self.name}: {where}{read}, master {self.master}"
 
@@ -191,6 +189,8 @@ def _trainjob(env: Mapping[str, str]) -> PodJob | None:
 
 def _jobset(env: Mapping[str, str], host: str, fqdn: str | None) -> PodJob | None:
     """A JobSet pod (or any indexed Job's): node 0 is job 0's pod 0 in the same subdomain."""
+    if "PET_NODE_RANK" in env and "PET_MASTER_ADDR" in env:
+        return None  # the pod spec gives torchrun's variables itself: torch's parser reads them
     index = int_var(env, "JOB_COMPLETION_INDEX")
     found = _JOBSET_HOST.match(host)
     if found is None or int(found["podindex"]) != index:
@@ -205,7 +205,8 @@ def _jobset(env: Mapping[str, str], host: str, fqdn: str | None) -> PodJob | Non
         raise ConfigError(
             f"pod {host} is in Job {found['jobindex']} of its replicated job: with several "
             "Jobs the node rank needs the Jobs' size. Use one Job of N pods (replicas: 1, "
-            "parallelism: N; `ddpkit k8s` writes that), or set PET_NODE_RANK yourself."
+            "parallelism: N; `ddpkit k8s` writes that), or set PET_NODE_RANK and "
+            "PET_MASTER_ADDR yourself."
         )
     subdomain = _subdomain(host, fqdn)
     master = f"{found['job']}-0-0" + (f".{subdomain}" if subdomain else "")

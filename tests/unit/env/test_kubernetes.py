@@ -87,6 +87,8 @@ def test_a_jobset_pod_without_a_jobset_host_name_is_told_what_to_set() -> None:
 def test_a_jobset_of_several_jobs_needs_the_node_rank_given() -> None:
     with pytest.raises(ConfigError, match="one Job of N pods"):
         detect_pod_job(JOBSET, hostname="wine-node-1-1", fqdn="wine-node-1-1.wine")
+    given = {**JOBSET, "PET_NODE_RANK": "3", "PET_MASTER_ADDR": "10.0.0.1"}  # as it says
+    assert detect_pod_job(given, hostname="wine-node-1-1", fqdn="wine-node-1-1.wine") is None
 
 
 def test_python_train_py_in_a_pod_is_one_process_per_pod() -> None:
