@@ -106,15 +106,15 @@ def collective_verdict(
     behind = sorted(r for r, last in lasts.items() if last is None or last["seq"] < seq)
     unrecorded = set(states) - set(recorded) - set(aborted)
     silent = sorted(unrecorded | {r for r in range(world_size) if r not in states})
-    waiting = sorted(r for r, last in lasts.items() if last is not None and last["seq"] == seq)
+    at_seq = {r: last for r, last in sorted(lasts.items()) if last and last["seq"] == seq}
+    waiting = list(at_seq)
     first = waiting[0]
     since = states[first].get("for_s")
-    called = lasts[first]
-    assert called is not None
+    called = at_seq[first]
     if behind:
         return Verdict(Cause.MISSING, _behind(called, behind, lasts, first, since))
-    if len({_shape(lasts[r]) for r in waiting}) > 1:
-        return Verdict(Cause.DISAGREE, _disagree(group, seq, {r: lasts[r] for r in waiting}))
+    if len({_shape(call) for call in at_seq.values()}) > 1:
+        return Verdict(Cause.DISAGREE, _disagree(group, seq, at_seq))
     if aborted:
         return Verdict(Cause.DISAGREE, (
             f"{_waits(first, called, since, named=True)}; {_who(list(aborted))} aborted "
@@ -127,7 +127,7 @@ def collective_verdict(
             f"{_waits(first, called, since, named=True)}; {_who(silent)} did not answer "
             "(stopped, or frozen in native code): its Python stack and collectives are unknown"
         ))  # fmt: skip
-    if all(lasts[r]["done"] for r in waiting):  # type: ignore[index]
+    if all(call["done"] for call in at_seq.values()):
         return None  # after the fact: every rank completed the same call; nothing waits
     line = f"{_who(waiting)} issued {_name(called)} alike and it does not complete"
     return Verdict(Cause.STUCK, line)
@@ -158,8 +158,8 @@ def _behind(
     return text
 
 
-def _disagree(group: str, seq: int, calls: dict[int, Call | None]) -> str:
-    sides = [f"rank {r} {_what(c)}{_at(c)}" for r, c in calls.items() if c is not None]
+def _disagree(group: str, seq: int, calls: dict[int, Call]) -> str:
+    sides = [f"rank {r} {_what(c)}{_at(c)}" for r, c in calls.items()]
     return f"ranks disagree at collective #{seq} of the {group_name(group)} group: " + ", ".join(
         sides[:4]
     )
@@ -197,9 +197,7 @@ def _count(size: list[int]) -> int:
     return total
 
 
-def _shape(call: Call | None) -> tuple[Any, ...]:
-    if call is None:
-        return ()
+def _shape(call: Call) -> tuple[Any, ...]:
     return (call["op"], str(call.get("sizes")), str(call.get("dtypes")))
 
 

@@ -31,6 +31,7 @@ import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ddpkit._core.envvars import int_var
 from ddpkit.errors import ConfigError
@@ -276,7 +277,7 @@ def _port(text: str, variable: str) -> int:
     return int(text)
 
 
-def pod_topology_fields(job: PodJob) -> dict[str, object]:
+def pod_topology_fields(job: PodJob) -> dict[str, Any]:
     """The ranks of a process started directly in the pod (``python train.py``): one per pod.
 
     Example:

@@ -219,7 +219,7 @@ def _pod_topology(env: Mapping[str, str]) -> Topology | None:
     job = detect_pod_job(env)
     if job is None or (job.nnodes is None and job.node_rank == 0):
         return None  # pod 0 of a job that does not say its size: a world of one
-    return Topology(**pod_topology_fields(job))  # type: ignore[arg-type]
+    return Topology(**pod_topology_fields(job))
 
 
 def _slurm_topology(env: Mapping[str, str]) -> Topology | None:
