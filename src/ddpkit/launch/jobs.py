@@ -104,18 +104,42 @@ def run_command(command: list[str], env: dict[str, str], timeout: float) -> Outc
 
 def _stop(process: subprocess.Popen[str]) -> None:
     """Stop the launcher and its workers: SIGTERM to the session's group, SIGKILL if it stays."""
+    if not _HAS_PROCESS_GROUPS:  # Windows: the launcher alone; its agent stops workers
+        process.terminate()
+        _wait_or_kill(process)
+        return
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            if _HAS_PROCESS_GROUPS:
-                os.killpg(process.pid, sig)
-            elif sig == signal.SIGTERM:  # Windows: the launcher alone; its agent stops workers
-                process.terminate()
-            else:
-                process.kill()
+            os.killpg(process.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            process.wait(_STOP_GRACE_S)
+        if _group_gone(process, _STOP_GRACE_S):
             return
-        except subprocess.TimeoutExpired:
-            continue
+
+
+def _group_gone(process: subprocess.Popen[str], grace_s: float) -> bool:
+    """Whether the whole group ended within ``grace_s``: the launcher first, then its workers.
+
+    The launcher can exit while a worker is still running its SIGTERM handler, and that worker,
+    now an orphan, would outlive the job if we stopped at the launcher.
+    """
+    deadline = time.monotonic() + grace_s
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        return False
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _wait_or_kill(process: subprocess.Popen[str]) -> None:
+    try:
+        process.wait(_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
