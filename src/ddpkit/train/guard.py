@@ -177,7 +177,7 @@ def uneven_shares(model: nn.Module, total: int | None, nonfinite_loss: NonFinite
     fewest = -negated_fewest
     if most == fewest and fewest >= 0:
         return None
-    spread = f"ranks have between {fewest:.0f} and {most:.0f} batches (-1: no length)"
+    spread = _spread_text(int(fewest), int(most))
     strategy = strategy_of(model)
     if strategy.uneven_batches == "refuse":
         raise ConfigError(
@@ -191,6 +191,16 @@ def uneven_shares(model: nn.Module, total: int | None, nonfinite_loss: NonFinite
             "shard with ddpkit.prepare_loader, or use nonfinite_loss='error'"
         )
     return spread
+
+
+def _spread_text(fewest: int, most: int) -> str:
+    """What the ranks' batch counts say; -1 stands for a loader without a length."""
+    if most < 0:
+        return ("the loader has no length (an IterableDataset), so no rank knows how many "
+                "batches the others have")  # fmt: skip
+    if fewest < 0:
+        return f"some ranks' loaders have no length, others up to {most} batches"
+    return f"ranks have between {fewest} and {most} batches"
 
 
 def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManager[Any]:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
 from ddpkit._core.validate import check_positive_int
-from ddpkit.data.batches import to_device
+from ddpkit.data.batches import batches_in, to_device
 from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
@@ -164,7 +164,7 @@ class TrainLoop:
         progress = EpochProgress.of(self._epoch_running, loader, resumed=self._progress)
         self._progress = progress
         iterator = progress.batches_from(loader)  # tells the sampler the epoch
-        total = len(loader) if isinstance(loader, Sized) else None
+        total = batches_in(loader)
         self._begin_epoch(loader, total, progress)
         with join_unless(self._even, self.run.model), self.monitor.ending():
             fetched = self.monitor.batches(self.clock.loading(iterator))

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.rngstate import restore_rng
-from ddpkit.data.batches import batch_size_of
+from ddpkit.data.batches import batch_size_of, batches_in
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
 from ddpkit.data.stream import StreamLoader
 from ddpkit.runtime.collectives import is_main
@@ -106,7 +106,7 @@ class EpochProgress:
 
     def where(self, epochs: int, loader: Any) -> str:
         """``epoch 1/3  batch 2/5`` (a loader without a length: ``batch 2``)."""
-        total = len(loader) if isinstance(loader, Sized) else None
+        total = batches_in(loader)
         done = f"{self.batches}/{total}" if total is not None else str(self.batches)
         return f"epoch {self.epoch + 1}/{epochs}  batch {done}"
 

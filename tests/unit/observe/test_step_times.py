@@ -138,6 +138,13 @@ def test_data_bound_needs_every_rank_waiting_for_data() -> None:
     assert not one.data_bound()
 
 
+def test_a_wait_shorter_than_a_loader_workers_hand_over_is_not_data_bound() -> None:
+    # the toy stream of ~1 ms steps: 36% of the step, but workers would add more than it waits
+    toy = RankTimes.from_rows([row(0.0007, 0.0008, 0.0, 0.0004)] * 2, ["a", "a"])
+    assert toy.data_share() > 0.3 and not toy.data_bound()
+    assert RankTimes.from_rows([row(0.005, 0.004, 0.0)] * 2, ["a", "a"]).data_bound()
+
+
 def test_a_rank_with_far_more_memory_is_named() -> None:
     rows = [row(0.0, 0.01, 0.0, peak_mb=300), row(0.0, 0.01, 0.0, peak_mb=700)]
     assert RankTimes.from_rows(rows, ["a", "a"]).memory_outlier() == (
