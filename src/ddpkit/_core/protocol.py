@@ -43,6 +43,11 @@ SAME_CALLS_FIX = (
 HANG_TIMEOUT_ENV = "DDPKIT_HANG_TIMEOUT"  # seconds; `ddpkit run --hang-timeout`
 FULL_TRACEBACK_ENV = "DDPKIT_FULL_TRACEBACK"  # 1: keep ddpkit's own frames in tracebacks
 CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M steps
+PROFILE_ENV = "DDPKIT_PROFILE"  # `ddpkit run --profile STEPS`: the window, for every worker
+PROFILE_RANKS_ENV = "DDPKIT_PROFILE_RANKS"  # all | slow | 0,3
+PROFILE_STACKS_ENV = "DDPKIT_PROFILE_STACKS"  # 1: Python stacks (and Python calls) too
+PROFILE_MAX_MB_ENV = "DDPKIT_PROFILE_MAX_MB"  # each rank's trace is cut to this size
+PROFILE_DIR_ENV = "DDPKIT_PROFILE_DIR"  # where profiles go (and where a request file asks)
 
 # --- internal channels: a launcher or a ddpkit command steers its workers (each one's setter
 # and reader: docs/architecture.md, "The internal channels"); not for users to set ----------

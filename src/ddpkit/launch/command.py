@@ -20,6 +20,7 @@ from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
 from ddpkit.launch.launcher import run_script
 from ddpkit.launch.plan import LaunchPlan, plan_from_pod, plan_from_slurm
+from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
@@ -91,6 +92,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         help="check before each collective that all ranks call the same one with the same "
         "shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL; slower, for debugging)",
     )
+    add_profile_arguments(run)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -115,7 +117,7 @@ def worker_settings(args: argparse.Namespace) -> dict[str, str]:
         >>> worker_settings(parser.parse_args(["--hang-timeout", "30", "t.py"]))
         {'DDPKIT_HANG_TIMEOUT': '30.0'}
     """
-    settings = {}
+    settings = profile_settings(args)
     if args.hang_timeout is not None:
         settings[HANG_TIMEOUT_ENV] = str(args.hang_timeout)
     if args.debug_collectives:

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from ddpkit.observe.console import Console, SetupLine
+from ddpkit.observe.profiler import RankProfiler, profile_folder
+from ddpkit.observe.profilespec import ProfileSpec
 from ddpkit.observe.rankreport import RankReport
 from ddpkit.observe.steptime import StepClock
 from ddpkit.observe.trainerstatus import TrainerStatus
@@ -41,17 +44,26 @@ class RunObserver:
         observer.step_done(step=100, collective=True, loader=train, where=..., metrics={})
     """
 
-    def __init__(self, models: Iterable[nn.Module], device: torch.device, log_every: int | None):
+    def __init__(
+        self, models: Iterable[nn.Module], device: torch.device, log_every: int | None,
+        profile: ProfileSpec | None = None, profile_dir: Path | None = None,
+    ) -> None:  # fmt: skip
         self.clock = StepClock(models, device)
         self.ranks = RankReport(self.clock)
+        spec = ProfileSpec.from_environment(os.environ) or profile  # ddpkit run's flag wins
+        self.profiler = RankProfiler(spec, self.clock, profile_dir or profile_folder(None))
         self.console = Console(log_every)
         self.window = log_every or TIMES_WINDOW  # steps between sharing the times
         # rank 0 tells a Kubeflow TrainJob's status how far the run is
         self.status = TrainerStatus.from_environment(os.environ) if is_main() else None
 
-    def fit_started(self, setup: SetupLine, resumed: Mapping[str, Any] | None) -> None:
-        """The run starts: its set-up line (and what a resume did to the batch)."""
+    def fit_started(
+        self, setup: SetupLine, resumed: Mapping[str, Any] | None, step: int = 0
+    ) -> None:
+        """The run starts at optimizer step ``step``: its set-up line (and what a resume did
+        to the batch); a profiled window from the first step opens now."""
         self.console.fit_started(setup, resumed)
+        self.profiler.step_done(step, None, collective=True)
 
     def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:
         """Epoch ``epoch`` (from 0) starts with ``done`` of ``total`` batches behind it."""
@@ -76,7 +88,10 @@ class RunObserver:
         """Optimizer step ``step`` is done; every ``window`` steps the ranks share their times
         (only when ``collective``: every rank is at this step, not in an uneven epoch)."""
         if collective and step % self.window == 0:
-            self.console.times = self.ranks.share(loader)
+            self.console.times = self.ranks.share(loader, asks=self.profiler.asked())
+            if self.ranks.asked:
+                self.profiler.requested(step)
+        self.profiler.step_done(step, self.ranks.latest, collective)
         self.console.step_done(where, metrics)
         if self.status is not None:
             self.status.report(metrics)
@@ -93,6 +108,7 @@ class RunObserver:
 
     def close(self, finished: bool = True) -> None:
         """The run ends: ``finished`` its epochs, or stopped early."""
+        self.profiler.close()
         self.clock.close()
         if self.status is not None:
             self.status.close(finished)

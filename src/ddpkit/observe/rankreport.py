@@ -53,6 +53,7 @@ class RankReport:
         self.clock = clock
         self.world = current_world()
         self.latest: RankTimes | None = None
+        self.asked = False  # a rank asked for a profile at the last sharing
         self._hosts: list[str] | None = None
         self._said_straggler: tuple[int, str] | None = None
         self._said_data_bound = False
@@ -63,15 +64,17 @@ class RankReport:
         self.clock.restart()
         reset_peak_memory(self.world.device)
 
-    def share(self, loader: Any) -> RankTimes | None:
+    def share(self, loader: Any, asks: bool = False) -> RankTimes | None:
         """Every rank's times so far this epoch (a collective; None when the clock is off);
-        rank 0 says what they show of the epoch training on ``loader``."""
+        rank 0 says what they show of the epoch training on ``loader``. ``asks``: this rank
+        asks for a profile; :attr:`asked` is then whether any rank did (the same all-gather)."""
         global _warm
         if not self.clock.enabled:
             return None
         row = times_row(self.clock.totals(), peak_memory_bytes(self.world.device))
-        rows = all_gather_same(torch.tensor(row, dtype=torch.float64)).tolist()
-        self.latest = RankTimes.from_rows(rows, self._gather_hosts())
+        rows = all_gather_same(torch.tensor([*row, float(asks)], dtype=torch.float64)).tolist()
+        self.asked = any(shared[-1] for shared in rows)
+        self.latest = RankTimes.from_rows([shared[:-1] for shared in rows], self._gather_hosts())
         if is_main():
             self._say(self.latest, loader, judge_ranks=_warm)
         _warm = True

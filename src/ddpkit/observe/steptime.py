@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,8 @@ class StepClock:
 
     def __init__(self, models: Iterable[nn.Module], device: torch.device) -> None:
         self.enabled = True
+        # a profiled window's listener: told each phase's interval (perf_counter seconds)
+        self.tap: Callable[[Phase, float, float], None] | None = None
         self._cuda = device.type == "cuda"
         self._grads = GradsReady([p for m in models for p in m.parameters()], self._cuda)
         self.restart()
@@ -178,6 +180,8 @@ class StepClock:
 
     def _add(self, phase: Phase, start: float, end: float, start_ev: Any, end_ev: Any) -> None:
         self._host[phase] += end - start
+        if self.tap is not None:
+            self.tap(phase, start, end)
         if self._cuda and phase in DEVICE_PHASES and start_ev is not None:
             self._pending.append((phase, self.steps, start_ev, end_ev))
             if len(self._pending) > _MAX_PENDING:  # an epoch without a shared window

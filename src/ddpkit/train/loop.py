@@ -25,6 +25,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
 from ddpkit.observe.observer import RunObserver
+from ddpkit.observe.profiler import profile_folder
+from ddpkit.observe.profilespec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.runtime.callbacks import Callback, Events
@@ -110,7 +112,10 @@ class TrainLoop:
         builtins = [BenchReport(), *([self.explog] if self.explog else [])]
         self.events = Events(callbacks, builtins, owner=owner or self)
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
-        self.observer = RunObserver(run.models.values(), self.world.device, logging.log_every)
+        self.observer = RunObserver(
+            run.models.values(), self.world.device, logging.log_every,
+            ProfileSpec.of(logging.profile), profile_folder(logging.log_dir),
+        )  # fmt: skip
         self.clock = self.observer.clock  # where steps' time goes: the loop marks each phase
         self.setup: RunSetup | None = None  # how the run is set up, once it started
         self.loader: Any = None  # the loader of the epoch in progress
@@ -271,7 +276,7 @@ class TrainLoop:
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
         record_training_start(saver)
-        self.observer.fit_started(self.setup, saver.resumed_batch if saver else None)
+        self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")
 
     def _begin_epoch(self, loader: Any, total: int | None, progress: EpochProgress) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypedDict, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
+from ddpkit.observe.profilespec import ProfileSpec
 
 Precision = Literal["fp32", "bf16", "fp16"]
 NonFiniteLoss = Literal["error", "skip"]
@@ -94,8 +95,10 @@ class LoopOptions:
 @dataclass(frozen=True)
 class LogOptions:
     """What the run shows: a line every ``log_every`` optimizer steps on rank 0, the
-    experiment log (TensorBoard + CSV) in ``log_dir``, and the trackers of ``loggers``
-    ("mlflow", "wandb" or :class:`~ddpkit.observe.trackers.Tracker` objects).
+    experiment log (TensorBoard + CSV) in ``log_dir``, the trackers of ``loggers``
+    ("mlflow", "wandb" or :class:`~ddpkit.observe.trackers.Tracker` objects), and a
+    ``profile`` of a window of steps (``"200-205"`` or a
+    :class:`~ddpkit.observe.profilespec.ProfileSpec`; ``ddpkit run --profile`` wins).
 
     Example:
         >>> LogOptions(log_every=0)
@@ -107,8 +110,10 @@ class LogOptions:
     log_every: int | None = None
     log_dir: str | os.PathLike[str] | None = None
     loggers: Sequence[Any] = ()
+    profile: str | ProfileSpec | None = None
 
     def __post_init__(self) -> None:
+        ProfileSpec.of(self.profile)  # a bad window is refused here, before training
         if self.log_every is not None:
             check_positive_int("log_every", self.log_every)
         if isinstance(self.loggers, str):  # loggers="mlflow" would be six trackers
@@ -120,7 +125,7 @@ class LoopKeywords(TypedDict, total=False):
     :class:`CheckpointOptions` (``save_every``, ``save_every_steps``, ``keep_last``,
     ``async_save``), :class:`LoopOptions` (``accumulate``, ``precision``,
     ``clip_grad_norm``, ``nonfinite_loss``, ``check_replicas_every``) and
-    :class:`LogOptions` (``log_every``, ``log_dir``, ``loggers``).
+    :class:`LogOptions` (``log_every``, ``log_dir``, ``loggers``, ``profile``).
 
     Example:
         >>> sorted(LoopKeywords.__annotations__)[:3]
@@ -139,6 +144,7 @@ class LoopKeywords(TypedDict, total=False):
     log_every: int | None
     log_dir: str | os.PathLike[str] | None
     loggers: Sequence[Any]
+    profile: str | ProfileSpec | None
 
 
 @dataclass(frozen=True)
