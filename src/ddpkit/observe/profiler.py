@@ -74,6 +74,7 @@ class RankProfiler:
         self.world = current_world()
         self.host = socket.gethostname()
         self.written: list[Path] = []  # the merged traces rank 0 wrote
+        self.writing_s = 0.0  # how long the last window's end took here (stop to merged)
         self._window: ProfileSpec | None = None
         self._ranks: list[int] = []
         self._torch: profile | None = None
@@ -162,6 +163,7 @@ class RankProfiler:
         elif mine is not None and store is not None:
             payload = gzip.compress(json.dumps(mine).encode())
             store.set(f"{prefix}/trace/{self.world.rank}", payload)  # type: ignore[arg-type]
+        self.writing_s = time.perf_counter() - started
 
     def _write_own(self, folder: Path, window: ProfileSpec, offset_ns: int) -> dict[str, Any]:
         """This rank's trace file and summary, as sent to rank 0."""
