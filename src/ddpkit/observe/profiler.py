@@ -181,8 +181,8 @@ class RankProfiler:
         folder.mkdir(parents=True, exist_ok=True)
         _write_json(folder / f"{self.host}-rank{self.world.rank}.json", trace)
         summary = profilesummary.rank_profile(
-            self.world.rank, self.host, self._phases, events, _operators(self._torch),
-            self._main_tid, tracefile.base_us(trace),
+            self.world.rank, self.host, self._phases, events, self._main_tid,
+            tracefile.base_us(trace),
         )  # fmt: skip
         return {"summary": summary.to_json(), "trace": trace, "offset_ns": offset_ns}
 
@@ -251,18 +251,11 @@ def _exported(torch_profile: profile) -> dict[str, Any]:
     return trace
 
 
-def _operators(torch_profile: profile) -> list[tuple[str, float]]:
-    """Each operator's self time over the window (µs, CPU plus device)."""
-    return [(event.key, float(event.self_cpu_time_total + event.self_device_time_total))
-            for event in torch_profile.key_averages()
-            if not event.key.startswith("ProfilerStep")]  # fmt: skip
-
-
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Written whole or not at all: a reader never opens half a trace."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with temporary.open("w") as out:
-        json.dump(data, out, separators=(",", ":"))
+        out.write(json.dumps(data, separators=(",", ":")))  # json.dump is the slow encoder
     os.replace(temporary, path)
 
 

@@ -27,6 +27,7 @@ from ddpkit.observe.ranktimes import RankTimes, Straggler, times_row
 from ddpkit.observe.steptime import WORK, Phase, StepTimes
 
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:")  # the backends' own record of each collective
+_TIMED_CATEGORIES = {"cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
 TOP_OPERATORS = 5
 _BAR_PARTS = ("data", "compute ops", "python", "sync", "optimizer", "other")
 
@@ -68,11 +69,11 @@ class RankProfile:
 
 def rank_profile(
     rank: int, host: str, phases: Sequence[tuple[str, int, int, int]], events: list[dict[str, Any]],
-    operators: Iterable[tuple[str, float]], main_tid: int, base_us: float,
+    main_tid: int, base_us: float,
 ) -> RankProfile:  # fmt: skip
     """Sum this rank's window: its phase intervals ``(name, step, start_ns, end_ns)`` (wall
-    clock), its trace events (µs from ``base_us``, the trace's wall-clock base), its
-    operators' self time (µs over the window) and the thread that ran the steps."""
+    clock), its trace events (µs from ``base_us``, the trace's wall-clock base) and the
+    thread that ran the steps."""
     steps = max(1, len({step for _, step, _, _ in phases}))
     per_phase: dict[str, float] = {}
     for name, _, start, end in phases:
@@ -82,11 +83,47 @@ def rank_profile(
     ops = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
            if e.get("cat") == "cpu_op" and e.get("tid") == main_tid]  # fmt: skip
     python_ms = max(0.0, _length(compute) - _covered(compute, ops)) / 1000 / steps
-    top = sorted(operators, key=lambda item: -item[1])[:TOP_OPERATORS]
+    top = sorted(self_times(events).items(), key=lambda item: -item[1])[:TOP_OPERATORS]
     return RankProfile(
         rank, host, steps, per_phase, python_ms, _collective_us(events) / 1000 / steps,
         [(name, us / 1000 / steps) for name, us in top], _quick_work_ms(phases),
     )  # fmt: skip
+
+
+def self_times(events: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """Each operator's (and annotation's, and kernel's) self time in µs: its duration less
+    that of the events directly inside it on the same thread.
+
+    Example:
+        >>> outer = {"ph": "X", "cat": "cpu_op", "name": "a", "tid": 1, "ts": 0, "dur": 10}
+        >>> inner = {"ph": "X", "cat": "cpu_op", "name": "b", "tid": 1, "ts": 2, "dur": 3}
+        >>> self_times([outer, inner])
+        {'a': 7.0, 'b': 3.0}
+    """
+    by_thread: dict[Any, list[dict[str, Any]]] = {}
+    for event in events:
+        if event.get("ph") == "X" and event.get("cat") in _TIMED_CATEGORIES:
+            by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(event)
+    totals: dict[str, float] = {}
+    for thread in by_thread.values():
+        _add_self_times(thread, totals)
+    return totals
+
+
+def _add_self_times(thread: list[dict[str, Any]], totals: dict[str, float]) -> None:
+    """One thread's events, nested by time: each adds its duration, less its children's."""
+    open_ends: list[tuple[float, str]] = []  # the enclosing events' ends and names
+    for event in sorted(thread, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0)))):
+        start, took = float(event["ts"]), float(event.get("dur", 0))
+        while open_ends and open_ends[-1][0] <= start:
+            open_ends.pop()
+        name = _name(event)
+        if not name.startswith("ProfilerStep"):
+            totals[name] = totals.get(name, 0.0) + took
+        if open_ends:  # the parent's self time loses this child's
+            parent = open_ends[-1][1]
+            totals[parent] = totals.get(parent, 0.0) - took
+        open_ends.append((start + took, name))
 
 
 def slow_rank(profiles: Sequence[RankProfile]) -> Straggler | None:

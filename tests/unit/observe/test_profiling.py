@@ -158,11 +158,19 @@ def profile_of(rank: int, sleep_ms: float) -> profilesummary.RankProfile:
         compute_end = t + 1 + 4 + sleep_ms
         phases += [phase("data", step, t, t + 1), phase("compute", step, t + 1, compute_end),
                    phase("sync", step, compute_end, compute_end + 1)]  # fmt: skip
-        events.append({"ph": "X", "cat": "cpu_op", "tid": 5, "ts": (t + 1) * 1000, "dur": 4000})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "tid": 5,
+                "ts": (t + 1) * 1000,
+                "dur": 4000,
+            }
+        )
         events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "tid": 9,
                        "ts": compute_end * 1000, "dur": 800})  # fmt: skip
-    operators = [("aten::mm", 8000.0), ("aten::add", 10.0)]
-    return profilesummary.rank_profile(rank, "h", phases, events, operators, 5, base_us=0.0)
+    return profilesummary.rank_profile(rank, "h", phases, events, 5, base_us=0.0)
 
 
 def test_a_ranks_window_is_summed_per_step() -> None:
