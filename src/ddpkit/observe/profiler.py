@@ -36,7 +36,7 @@ from typing import Any
 
 import torch.distributed as dist
 from torch._C._distributed_c10d import Store
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
@@ -108,6 +108,8 @@ class RankProfiler:
         """After optimizer step ``step`` (and with the run's step before its first): open
         the window that starts next, close the one that ended."""
         self._step = step + 1  # the phases that follow belong to the next step
+        if self._torch is not None and step < (self._window.last if self._window else 0):
+            self._torch.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
         if self._window is not None and step >= self._window.last:
             self._finish(self._window)
         elif self._window is None and collective and self._opens_after(step):
@@ -135,10 +137,12 @@ class RankProfiler:
         # stderr, each rank, unless told otherwise before its first profile; yours is kept
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self._torch = profile(activities=activities, with_stack=window.stacks,
-                              profile_memory=window.memory, record_shapes=False)  # fmt: skip
+                              profile_memory=window.memory, record_shapes=False,
+                              schedule=_every_step)  # fmt: skip
         self._phases = []
         self._anchor_ns = wall_ns() - time.perf_counter_ns()
         self._main_tid = threading.get_native_id()
+        self._torch.step_num = self._step  # its ProfilerStep#N counts as the loop does
         self._torch.start()
         self.clock.tap = self._tap
 
@@ -179,7 +183,8 @@ class RankProfiler:
         dropped = tracefile.cap(trace, int(window.max_mb * 2**20))
         trace["ddpkit"]["dropped_events"] = dropped
         folder.mkdir(parents=True, exist_ok=True)
-        _write_json(folder / f"{self.host}-rank{self.world.rank}.json", trace)
+        (folder / "ranks").mkdir(parents=True, exist_ok=True)  # alone: what HTA reads
+        _write_json(folder / "ranks" / f"{self.host}-rank{self.world.rank}.json", trace)
         summary = profilesummary.rank_profile(
             self.world.rank, self.host, self._phases, events, self._main_tid,
             tracefile.base_us(trace),
@@ -222,6 +227,12 @@ class RankProfiler:
             logger.info(skipped)
 
 
+def _every_step(_step: int) -> ProfilerAction:
+    """Record every step of the window: torch's own default, but one given marks each step
+    in the trace (ProfilerStep#N, what HTA counts iterations by)."""
+    return ProfilerAction.RECORD
+
+
 def _chosen_ranks(window: ProfileSpec, latest: RankTimes | None, world_size: int) -> list[int]:
     """The ranks ``window`` profiles; ``"slow"``: the straggler and the median rank."""
     if window.ranks == "all":
@@ -255,7 +266,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Written whole or not at all: a reader never opens half a trace."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with temporary.open("w") as out:
-        out.write(json.dumps(data, separators=(",", ":")))  # json.dump is the slow encoder
+        # json.dumps: json.dump is the slow encoder. Its default ': ' stays: HTA finds a file's
+        # rank with the pattern '"rank":\s+N' (hta/common/trace_file.py)
+        out.write(json.dumps(data))
     os.replace(temporary, path)
 
 

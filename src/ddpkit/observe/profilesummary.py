@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ class RankProfile:
     collectives_ms: float
     top_operators: list[tuple[str, float]]
     quick_work_ms: float
+    python_calls: list[tuple[str, float]] = field(default_factory=list)  # with stacks only
 
     def row(self) -> dict[str, Any]:
         """The rank's row of ``summary.csv``."""
@@ -64,7 +65,8 @@ class RankProfile:
     def from_json(cls, data: dict[str, Any]) -> RankProfile:
         """From :meth:`to_json`'s plain data (sent to rank 0 through the store)."""
         top = [(str(name), float(ms)) for name, ms in data["top_operators"]]
-        return cls(**{**data, "top_operators": top})
+        calls = [(str(name), float(ms)) for name, ms in data.get("python_calls", [])]
+        return cls(**{**data, "top_operators": top, "python_calls": calls})
 
 
 def rank_profile(
@@ -83,26 +85,34 @@ def rank_profile(
     ops = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
            if e.get("cat") == "cpu_op" and e.get("tid") == main_tid]  # fmt: skip
     python_ms = max(0.0, _length(compute) - _covered(compute, ops)) / 1000 / steps
-    top = sorted(self_times(events).items(), key=lambda item: -item[1])[:TOP_OPERATORS]
+
+    def top(categories: set[str], thread: Any = None) -> list[tuple[str, float]]:
+        mine = [e for e in events if thread is None or e.get("tid") == thread]
+        ranked = sorted(self_times(mine, categories).items(), key=lambda item: -item[1])
+        return [(name, us / 1000 / steps) for name, us in ranked[:TOP_OPERATORS]]
+
     return RankProfile(
         rank, host, steps, per_phase, python_ms, _collective_us(events) / 1000 / steps,
-        [(name, us / 1000 / steps) for name, us in top], _quick_work_ms(phases),
+        top(_TIMED_CATEGORIES), _quick_work_ms(phases), top({"python_function"}, main_tid),
     )  # fmt: skip
 
 
-def self_times(events: Iterable[dict[str, Any]]) -> dict[str, float]:
-    """Each operator's (and annotation's, and kernel's) self time in µs: its duration less
-    that of the events directly inside it on the same thread.
+def self_times(events: Iterable[dict[str, Any]], categories: set[str]) -> dict[str, float]:
+    """The self time in µs of each event of ``categories`` (operators, annotations, kernels;
+    or Python calls, recorded with stacks): its duration less that of the events of those
+    categories directly inside it on the same thread. Python calls and record_function
+    ranges overlap without nesting (a range opens inside ``__enter__``), so each kind is
+    nested apart.
 
     Example:
         >>> outer = {"ph": "X", "cat": "cpu_op", "name": "a", "tid": 1, "ts": 0, "dur": 10}
         >>> inner = {"ph": "X", "cat": "cpu_op", "name": "b", "tid": 1, "ts": 2, "dur": 3}
-        >>> self_times([outer, inner])
+        >>> self_times([outer, inner], {"cpu_op"})
         {'a': 7.0, 'b': 3.0}
     """
     by_thread: dict[Any, list[dict[str, Any]]] = {}
     for event in events:
-        if event.get("ph") == "X" and event.get("cat") in _TIMED_CATEGORIES:
+        if event.get("ph") == "X" and event.get("cat") in categories:
             by_thread.setdefault((event.get("pid"), event.get("tid")), []).append(event)
     totals: dict[str, float] = {}
     for thread in by_thread.values():
@@ -202,8 +212,12 @@ def _verdict(profiles: Sequence[RankProfile]) -> str:
     mine = next(p for p in profiles if p.rank == slow.rank)
     if slow.phase is Phase.COMPUTE and mine.python_ms > 0.5 * slow.phase_excess_ms:
         line += (f"; {mine.python_ms:.1f} ms of its compute per step runs in no torch operator "
-                 "(Python: a sleep, a loop, a host-side metric): profile with stacks "
-                 "(--profile-stacks) to see where")  # fmt: skip
+                 "(Python: a sleep, a loop, a host-side metric)")  # fmt: skip
+        if mine.python_calls:
+            calls = ", ".join(f"{name} {ms:.1f} ms" for name, ms in mine.python_calls[:3])
+            line += f"; its Python calls by self time per step: {calls}"
+        else:
+            line += ": profile with stacks (--profile-stacks) to see where"
     return line
 
 

@@ -83,8 +83,8 @@ def shift(trace: dict[str, Any], by_us: float) -> None:
 
 
 def size_of(trace: dict[str, Any]) -> int:
-    """The bytes of ``trace`` written as compact JSON."""
-    return len(json.dumps(trace, separators=(",", ":")))
+    """The bytes of ``trace`` written as JSON (Python's default separators, as written)."""
+    return len(json.dumps(trace))
 
 
 def cap(trace: dict[str, Any], max_bytes: int) -> int:
@@ -107,7 +107,7 @@ def cap(trace: dict[str, Any], max_bytes: int) -> int:
     for index in droppable:
         if size <= max_bytes:
             break
-        size -= len(json.dumps(events[index], separators=(",", ":"))) + 1
+        size -= len(json.dumps(events[index])) + 2  # and its ", "
         dropped.add(index)
     trace["traceEvents"] = [e for i, e in enumerate(events) if i not in dropped]
     return len(dropped)

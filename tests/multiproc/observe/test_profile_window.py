@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import socket
 import statistics
 import subprocess
@@ -60,14 +61,18 @@ def phases(events: list[dict[str, Any]], name: str, pid: int | None = None) -> d
 def test_each_rank_writes_a_capped_trace_named_by_host_and_rank(window: tuple[str, Path]) -> None:
     _, folder = window
     for rank in (0, 1):
-        path = folder / f"{HOST}-rank{rank}.json"
+        path = folder / "ranks" / f"{HOST}-rank{rank}.json"
         assert path.stat().st_size <= CAP_MB * 2**20
-        trace = json.loads(path.read_text())
-        assert trace["distributedInfo"]["rank"] == rank  # what HTA groups ranks by
+        text = path.read_text()
+        trace = json.loads(text)
+        assert trace["distributedInfo"]["rank"] == rank  # what HTA groups ranks by ...
+        assert re.search(r'"rank":\s+(\d+)', text)[1] == str(rank)  # ... found by this pattern
         assert trace["distributedInfo"]["world_size"] == 2
         assert trace["ddpkit"]["host"] == HOST and trace["ddpkit"]["steps"] == [5, 8]
         assert trace["ddpkit"]["dropped_events"] > 0  # the cap was reached: it cut
         assert sorted(phases(trace["traceEvents"], "optimizer")) == [5, 6, 7, 8]
+        marks = {e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#")}
+        assert marks == {f"ProfilerStep#{step}" for step in (5, 6, 7, 8)}  # HTA's iterations
 
 
 def test_one_merged_trace_holds_a_track_per_rank(window: tuple[str, Path]) -> None:
@@ -106,7 +111,7 @@ def test_a_clock_running_ahead_is_found_and_taken_out(window: tuple[str, Path]) 
     assert abs(offset_us - SKEW_MS * 1000) < 1000  # within 1 ms of the injected 250 ms
     # The steps' optimizer phases start as the all-reduce ends on both ranks: 250 ms apart
     # in the ranks' own files, together (within the machine's noise) in the merged one.
-    raw = [json.loads((folder / f"{HOST}-rank{r}.json").read_text()) for r in (0, 1)]
+    raw = [json.loads((folder / "ranks" / f"{HOST}-rank{r}.json").read_text()) for r in (0, 1)]
     starts = [
         {
             s: ts + t["baseTimeNanoseconds"] / 1000

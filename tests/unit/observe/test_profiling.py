@@ -216,7 +216,7 @@ def test_a_world_of_one_writes_its_window_beside_the_logs(tmp_path: Path) -> Non
     assert {e["pid"] for e in merged["traceEvents"]} == {0}
     steps = {e["args"]["step"] for e in merged["traceEvents"] if e.get("cat") == "ddpkit"}
     assert steps == {2, 3}
-    assert (folder / "summary.csv").exists() and len(list(folder.glob("*-rank0.json"))) == 1
+    assert (folder / "summary.csv").exists() and len(list(folder.glob("ranks/*-rank0.json"))) == 1
 
 
 def test_a_run_that_ends_inside_its_window_writes_what_it_profiled(tmp_path: Path) -> None:
@@ -224,3 +224,24 @@ def test_a_run_that_ends_inside_its_window_writes_what_it_profiled(tmp_path: Pat
     merged = json.loads((tmp_path / "logs" / "profile" / "steps-7-100" / "merged.json").read_text())
     steps = {e["args"]["step"] for e in merged["traceEvents"] if e.get("cat") == "ddpkit"}
     assert {7, 8} <= steps and max(steps) <= 9
+
+
+def test_python_calls_and_record_function_ranges_are_timed_apart() -> None:
+    def event(cat: str, name: str, ts: float, dur: float) -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    events = [
+        event("python_function", "model.py(9): forward", 0, 100),
+        event("python_function", "profiler.py(918): __enter__", 3, 5),
+        event("user_annotation", "DistributedDataParallel.forward", 5, 90),  # opens in __enter__
+        event("python_function", "<built-in function sleep>", 10, 80),
+    ]
+    calls = profilesummary.self_times(events, {"python_function"})
+    assert calls == {
+        "model.py(9): forward": 15.0,
+        "profiler.py(918): __enter__": 5.0,
+        "<built-in function sleep>": 80.0,
+    }
+    assert profilesummary.self_times(events, {"user_annotation"}) == {
+        "DistributedDataParallel.forward": 90.0
+    }
