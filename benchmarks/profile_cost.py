@@ -13,7 +13,11 @@ epoch, in turn in three settings, each epoch a fresh Trainer:
 Prints the fastest and median epoch's step time of each (the first epoch warms up), the
 ratios off/absent and profiled/absent, and how long writing a window took on rank 0.
 
-    .venv/bin/python benchmarks/profile_cost.py --rounds 8
+    .venv/bin/python benchmarks/profile_cost.py                 # 40 epochs of 16 steps each
+    .venv/bin/python benchmarks/profile_cost.py --workload cnn --rounds 10 --samples 4096
+
+Many short epochs: this machine's noise moves a whole epoch by 5-10%, so only the fastest of
+many tells settings 1% apart.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +34,8 @@ import torch.nn.functional as F
 from parity import make_data, make_model
 
 import ddpkit
+from ddpkit.observe.profiler import RankProfiler
+from ddpkit.observe.steptime import Phase, StepClock
 
 SETTINGS = ("absent", "off", "profiled")
 
@@ -81,12 +88,48 @@ def alternate(workload: str, rounds: int, samples: int) -> dict[str, list[float]
     return times
 
 
+def off_path_us(calls: int = 20_000) -> tuple[float, float]:
+    """Microseconds that profiling costs while off, timed alone in this process: per step,
+    the observer's call and the clock's check for a tap at each of its 5 phase moves; per
+    look for the request file (once per 50 steps in a run)."""
+    ddpkit.init(hang_timeout=0)
+    clock = StepClock([], torch.device("cpu"))
+    with tempfile.TemporaryDirectory() as folder:
+        profiler = RankProfiler(None, clock, Path(folder))
+        per_step = _seconds(
+            calls, lambda step: (profiler.step_done(step, None, True), _moves(clock))
+        )
+        clock_only = _seconds(calls, lambda _: _moves(clock))
+        look = _seconds(calls, lambda _: profiler.asked())
+    ddpkit.shutdown()
+    return (per_step - clock_only) / calls * 1e6, look / calls * 1e6
+
+
+def _moves(clock: StepClock) -> None:
+    for _ in range(5):
+        clock.enter(Phase.COMPUTE)
+
+
+def _seconds(calls: int, call: Any, repeats: int = 5) -> float:
+    """The quickest of ``repeats`` runs of ``calls`` calls (noise only ever adds time)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for step in range(calls):
+            call(step)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=8, help="epochs per setting")
+    parser.add_argument("--rounds", type=int, default=40, help="epochs per setting")
     parser.add_argument("--workload", default="mlp", choices=["mlp", "cnn"])
-    parser.add_argument("--samples", type=int, default=4096, help="per epoch, all workers")
+    parser.add_argument("--samples", type=int, default=2048, help="per epoch, all workers")
     args = parser.parse_args()
+    step_us, look_us = off_path_us()
+    print(f"profiling off, timed alone: {step_us:.2f} us per step, {look_us:.2f} us per look "
+          "for the request file (every 50 steps)")  # fmt: skip
     times = ddpkit.spawn(alternate, 2, args.workload, args.rounds, args.samples)[0]
     steps = args.samples // 2 // 64
     print(

@@ -76,9 +76,11 @@ def profile_settings(args: argparse.Namespace) -> dict[str, str]:
 
 def _window(text: str) -> str:
     if text and not _WINDOW.match(text.strip()):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a window of steps: give FIRST-LAST (e.g. 200-205) or FIRST"
-        )
+        hint = "give FIRST-LAST (e.g. 200-205) or FIRST"
+        if text.endswith(".py") or os.path.exists(text):  # `--profile train.py`
+            hint = f"the script came right after --profile: write --profile 11-15 {text}, or "
+            hint += "put another flag between them"
+        raise argparse.ArgumentTypeError(f"{text!r} is not a window of steps: {hint}")
     return text.strip()
 
 

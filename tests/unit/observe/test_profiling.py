@@ -63,6 +63,8 @@ def test_the_run_flags_reach_the_workers_and_a_typo_stops_at_the_command_line() 
     assert spec is not None and (spec.first, spec.stacks, spec.max_mb) == (11, True, 5.0)
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "steps-3"])
+    with pytest.raises(argparse.ArgumentTypeError, match=r"write --profile 11-15 train\.py"):
+        parser._option_string_actions["--profile"].type("train.py")  # type: ignore[misc, operator]
     assert ProfileSpec.from_environment({}) is None
 
 
