@@ -20,7 +20,10 @@ import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.observe import clocksync, profilesummary, tracefile
+from ddpkit.observe.profiler import RankProfiler, _chosen_ranks
 from ddpkit.observe.profilespec import ProfileSpec, parse_ranks
+from ddpkit.observe.ranktimes import RankTimes
+from ddpkit.observe.steptime import Phase, StepClock
 
 
 def test_a_window_is_read_from_its_text() -> None:
@@ -247,3 +250,27 @@ def test_python_calls_and_record_function_ranges_are_timed_apart() -> None:
     assert profilesummary.self_times(events, {"user_annotation"}) == {
         "DistributedDataParallel.forward": 90.0
     }
+
+
+def times_of(work_ms: list[float]) -> RankTimes:
+    ms = [{phase: (w if phase is Phase.COMPUTE else 0.0) for phase in Phase} for w in work_ms]
+    return RankTimes(ms, work_ms, [300.0] * len(work_ms), ["a"] * len(work_ms))
+
+
+def test_slow_ranks_are_the_straggler_and_the_median_other() -> None:
+    ddpkit.init(hang_timeout=0)
+    slow = ProfileSpec.parse("5-6", ranks="slow")
+    assert _chosen_ranks(slow, times_of([10, 11, 40, 12]), 4) == [1, 2]
+    assert _chosen_ranks(slow, times_of([10, 11, 12, 12]), 4) == [0, 1, 2, 3]  # none named
+    assert _chosen_ranks(slow, None, 2) == [0, 1]
+    assert _chosen_ranks(ProfileSpec.parse("5-6", ranks="1,7"), None, 4) == [1]
+
+
+def test_a_request_opens_a_window_at_the_next_step_once(tmp_path: Path) -> None:
+    ddpkit.init(hang_timeout=0)
+    profiler = RankProfiler(None, StepClock([], torch.device("cpu")), tmp_path)
+    assert not profiler.asked()
+    (tmp_path / "request").touch()
+    assert profiler.asked() and not (tmp_path / "request").exists()  # taken
+    profiler.requested(step=40)
+    assert profiler.spec is not None and (profiler.spec.first, profiler.spec.last) == (41, 45)
