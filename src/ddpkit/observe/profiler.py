@@ -160,7 +160,7 @@ class RankProfiler:
         store, prefix = _job_store(), _prefix(window)
         offset = measure_offset(store, self.world.rank, sorted({0, *self._ranks}), prefix)
         folder = self.folder / f"steps-{window.first}-{window.last}"
-        mine = self._write_own(folder, window, offset) if self._torch is not None else None
+        mine = self._own_or_none(folder, window, offset)
         self._torch = None
         if self.world.rank == 0:
             self._merge(folder, window, store, prefix, mine, started)
@@ -168,6 +168,18 @@ class RankProfiler:
             payload = gzip.compress(json.dumps(mine).encode())
             store.set(f"{prefix}/trace/{self.world.rank}", payload)  # type: ignore[arg-type]
         self.writing_s = time.perf_counter() - started
+
+    def _own_or_none(self, folder: Path, window: ProfileSpec, offset: int) -> dict[str, Any] | None:
+        """This rank's part, or None when it profiled nothing or could not write (a full
+        disk, a folder it may not write): a profile never stops the training."""
+        if self._torch is None:
+            return None
+        try:
+            return self._write_own(folder, window, offset)
+        except OSError as error:
+            logger.warning(f"profile: rank {self.world.rank} could not write its trace in "
+                           f"{folder}: {error}; training goes on without it")  # fmt: skip
+            return None
 
     def _write_own(self, folder: Path, window: ProfileSpec, offset_ns: int) -> dict[str, Any]:
         """This rank's trace file and summary, as sent to rank 0."""
@@ -182,7 +194,6 @@ class RankProfiler:
                            "clock_offset_us": offset_ns / 1000}  # fmt: skip
         dropped = tracefile.cap(trace, int(window.max_mb * 2**20))
         trace["ddpkit"]["dropped_events"] = dropped
-        folder.mkdir(parents=True, exist_ok=True)
         (folder / "ranks").mkdir(parents=True, exist_ok=True)  # alone: what HTA reads
         _write_json(folder / "ranks" / f"{self.host}-rank{self.world.rank}.json", trace)
         summary = profilesummary.rank_profile(
@@ -203,7 +214,11 @@ class RankProfiler:
                 sent[rank] = received
         if not sent:
             return
-        self._write_merged(folder, window, sent, time.perf_counter() - started)
+        try:
+            self._write_merged(folder, window, sent, time.perf_counter() - started)
+        except OSError as error:
+            logger.warning(f"profile: could not write the merged timeline in {folder}: "
+                           f"{error}; training goes on without it")  # fmt: skip
 
     def _write_merged(self, folder: Path, window: ProfileSpec, sent: dict[int, dict[str, Any]],
                       took_s: float) -> None:  # fmt: skip

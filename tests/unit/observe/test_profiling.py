@@ -274,3 +274,14 @@ def test_a_request_opens_a_window_at_the_next_step_once(tmp_path: Path) -> None:
     assert profiler.asked() and not (tmp_path / "request").exists()  # taken
     profiler.requested(step=40)
     assert profiler.spec is not None and (profiler.spec.first, profiler.spec.last) == (41, 45)
+
+
+def test_a_profile_that_cannot_be_written_leaves_the_training_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("DDPKIT_PROFILE_DIR", str(blocker))
+    trainer = fit(tmp_path, "2-3")
+    assert trainer.step == 8  # the whole epoch trained
+    assert "could not write its trace" in caplog.text and "training goes on" in caplog.text
