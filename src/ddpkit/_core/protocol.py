@@ -46,6 +46,7 @@ CHECK_REPLICAS_ENV = "DDPKIT_CHECK_REPLICAS_EVERY"  # compare replicas every M s
 PROFILE_ENV = "DDPKIT_PROFILE"  # `ddpkit run --profile STEPS`: the window, for every worker
 PROFILE_RANKS_ENV = "DDPKIT_PROFILE_RANKS"  # all | slow | 0,3
 PROFILE_STACKS_ENV = "DDPKIT_PROFILE_STACKS"  # 1: Python stacks (and Python calls) too
+PROFILE_MEMORY_ENV = "DDPKIT_PROFILE_MEMORY"  # 1: tensor allocations and frees too
 PROFILE_MAX_MB_ENV = "DDPKIT_PROFILE_MAX_MB"  # each rank's trace is cut to this size
 PROFILE_DIR_ENV = "DDPKIT_PROFILE_DIR"  # where profiles go (and where a request file asks)
 

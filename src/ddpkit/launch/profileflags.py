@@ -20,6 +20,7 @@ from ddpkit._core.protocol import (
     PROFILE_DIR_ENV,
     PROFILE_ENV,
     PROFILE_MAX_MB_ENV,
+    PROFILE_MEMORY_ENV,
     PROFILE_RANKS_ENV,
     PROFILE_STACKS_ENV,
 )
@@ -30,7 +31,7 @@ _RANKS = re.compile(r"^(all|slow|\d+(,\d+)*)$")
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``profiling`` group: ``--profile [STEPS]``, ``--profile-ranks``, ``--profile-stacks``,
-    ``--profile-max-mb``, ``--profile-dir``."""
+    ``--profile-memory``, ``--profile-max-mb``, ``--profile-dir``."""
     group = parser.add_argument_group("profiling (docs/slow-jobs.md)")
     group.add_argument(
         "--profile", nargs="?", const="", default=None, type=_window, metavar="STEPS",
@@ -46,6 +47,10 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile-stacks", action="store_true",
         help="record Python stacks and calls too (names the Python code a step spends time "
         "in; traces grow several times)",
+    )  # fmt: skip
+    group.add_argument(
+        "--profile-memory", action="store_true",
+        help="record tensor allocations and frees too (Perfetto's memory counters)",
     )  # fmt: skip
     group.add_argument(
         "--profile-max-mb", type=float, default=None, metavar="MB",
@@ -67,6 +72,8 @@ def profile_settings(args: argparse.Namespace) -> dict[str, str]:
         settings[PROFILE_RANKS_ENV] = args.profile_ranks
     if args.profile_stacks:
         settings[PROFILE_STACKS_ENV] = "1"
+    if args.profile_memory:
+        settings[PROFILE_MEMORY_ENV] = "1"
     if args.profile_max_mb is not None:
         settings[PROFILE_MAX_MB_ENV] = str(args.profile_max_mb)
     if args.profile_dir is not None:

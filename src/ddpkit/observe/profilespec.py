@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ddpkit._core.protocol import (
     PROFILE_ENV,
     PROFILE_MAX_MB_ENV,
+    PROFILE_MEMORY_ENV,
     PROFILE_RANKS_ENV,
     PROFILE_STACKS_ENV,
 )
@@ -96,8 +97,9 @@ class ProfileSpec:
         except ValueError:
             raise ConfigError(f"{PROFILE_MAX_MB_ENV}={max_mb!r} is not a number of MB") from None
         stacks = environ.get(PROFILE_STACKS_ENV, "") == "1"
+        memory = environ.get(PROFILE_MEMORY_ENV, "") == "1"
         ranks = environ.get(PROFILE_RANKS_ENV, "all")
-        return cls.parse(environ[PROFILE_ENV], ranks, stacks=stacks, max_mb=cap)
+        return cls.parse(environ[PROFILE_ENV], ranks, stacks=stacks, memory=memory, max_mb=cap)
 
     @classmethod
     def of(cls, value: str | ProfileSpec | None) -> ProfileSpec | None:

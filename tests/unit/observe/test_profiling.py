@@ -55,15 +55,23 @@ def test_a_bad_window_is_refused_with_the_fix(steps: str, ranks: str, says: str)
 def test_the_run_flags_reach_the_workers_and_a_typo_stops_at_the_command_line() -> None:
     parser = argparse.ArgumentParser()
     add_profile_arguments(parser)
-    args = parser.parse_args(["--profile", "--profile-stacks", "--profile-max-mb", "5"])
+    args = parser.parse_args(
+        ["--profile", "--profile-stacks", "--profile-max-mb", "5", "--profile-memory"]
+    )
     settings = profile_settings(args)
     assert settings == {
         "DDPKIT_PROFILE": "",
         "DDPKIT_PROFILE_STACKS": "1",
+        "DDPKIT_PROFILE_MEMORY": "1",
         "DDPKIT_PROFILE_MAX_MB": "5.0",
     }
     spec = ProfileSpec.from_environment(settings)
-    assert spec is not None and (spec.first, spec.stacks, spec.max_mb) == (11, True, 5.0)
+    assert spec is not None and (spec.first, spec.stacks, spec.memory, spec.max_mb) == (
+        11,
+        True,
+        True,
+        5.0,
+    )
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "steps-3"])
     with pytest.raises(argparse.ArgumentTypeError, match=r"write --profile 11-15 train\.py"):
