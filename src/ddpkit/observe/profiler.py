@@ -40,6 +40,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
+from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.observe import profilesummary, tracefile
 from ddpkit.observe.clocksync import measure_offset, skew_ns, wall_ns
 from ddpkit.observe.profilespec import DEFAULT_COUNT, ProfileSpec
@@ -54,7 +55,8 @@ _WAIT_S = 120.0  # rank 0 waits this long for a profiled rank's trace
 
 def profile_folder(log_dir: str | os.PathLike[str] | None) -> Path:
     """Where a run's profiles go: ``$DDPKIT_PROFILE_DIR``, else ``<log_dir>/profile``, else
-    ``./ddpkit-profile``.
+    ``./ddpkit-profile``; under ``ddpkit verify``, ``bench`` or ``doctor --run``, in their
+    scratch folder, as the logs (they never write into the user's folders).
 
     Example:
         >>> profile_folder("runs/a").as_posix().endswith("runs/a/profile")
@@ -63,7 +65,8 @@ def profile_folder(log_dir: str | os.PathLike[str] | None) -> Path:
     chosen = os.environ.get(PROFILE_DIR_ENV)
     if chosen:
         return Path(chosen).absolute()
-    return (Path(log_dir) / "profile" if log_dir is not None else Path(DEFAULT_FOLDER)).absolute()
+    folder = Path(log_dir) / "profile" if log_dir is not None else Path(DEFAULT_FOLDER)
+    return resolve_log_dir(folder).absolute()
 
 
 class RankProfiler:

@@ -20,7 +20,7 @@ import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.observe import clocksync, profilesummary, tracefile
-from ddpkit.observe.profiler import RankProfiler, _chosen_ranks
+from ddpkit.observe.profiler import RankProfiler, _chosen_ranks, profile_folder
 from ddpkit.observe.profilespec import ProfileSpec, parse_ranks
 from ddpkit.observe.ranktimes import RankTimes
 from ddpkit.observe.steptime import Phase, StepClock
@@ -293,3 +293,13 @@ def test_a_profile_that_cannot_be_written_leaves_the_training_alone(
     trainer = fit(tmp_path, "2-3")
     assert trainer.step == 8  # the whole epoch trained
     assert "could not write its trace" in caplog.text and "training goes on" in caplog.text
+
+
+def test_under_a_ddpkit_tool_profiles_go_to_its_scratch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DDPKIT_LOG_DIR", str(tmp_path / "scratch"))
+    assert profile_folder("runs/x").is_relative_to(tmp_path / "scratch")
+    assert profile_folder(None).is_relative_to(tmp_path / "scratch")
+    monkeypatch.delenv("DDPKIT_LOG_DIR")
+    assert profile_folder(None) == Path("ddpkit-profile").absolute()
