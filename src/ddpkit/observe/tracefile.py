@@ -88,16 +88,26 @@ def size_of(trace: dict[str, Any]) -> int:
 
 
 def cap(trace: dict[str, Any], max_bytes: int) -> int:
-    """Drop the shortest operator events until ``trace`` fits ``max_bytes``; how many went.
+    """Drop the shortest operator events until ``trace`` fits ``max_bytes``, their count
+    (``ddpkit.dropped_events``) included; how many went.
 
     Example:
         >>> t = {"traceEvents": [{"ph": "X", "name": "x" * 50, "dur": d} for d in range(9)]}
-        >>> cap(t, 300), [e["dur"] for e in t["traceEvents"]]
-        (6, [6, 7, 8])
+        >>> cap(t, 400), [e["dur"] for e in t["traceEvents"]], t["ddpkit"]
+        (5, [5, 6, 7, 8], {'dropped_events': 5})
     """
-    size = size_of(trace)
-    if size <= max_bytes:
-        return 0
+    total = 0
+    while (excess := size_of(trace) - max_bytes) > 0:
+        dropped = _drop_shortest(trace, excess)
+        if not dropped:  # only what is never dropped is left
+            break
+        total += dropped
+        trace.setdefault("ddpkit", {})["dropped_events"] = total
+    return total
+
+
+def _drop_shortest(trace: dict[str, Any], excess: int) -> int:
+    """Drop the shortest droppable events whose JSON adds up to ``excess`` bytes."""
     events = trace["traceEvents"]
     droppable = sorted(
         (i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("cat") not in _KEPT),
@@ -105,9 +115,9 @@ def cap(trace: dict[str, Any], max_bytes: int) -> int:
     )
     dropped: set[int] = set()
     for index in droppable:
-        if size <= max_bytes:
+        if excess <= 0:
             break
-        size -= len(json.dumps(events[index])) + 2  # and its ", "
+        excess -= len(json.dumps(events[index])) + 2  # and its ", "
         dropped.add(index)
     trace["traceEvents"] = [e for i, e in enumerate(events) if i not in dropped]
     return len(dropped)

@@ -71,9 +71,11 @@ def test_a_rank_sleeping_in_its_step_is_named_with_the_phase_and_its_memory(
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to pin ranks to")
 def test_a_rank_sharing_its_core_is_named_computing(tmp_path: Path) -> None:
     output, _ = run_case("taskset", tmp_path)
-    [line, *_] = stragglers(output)
-    assert re.search(r"rank 1 is \d+% slower than the median rank: \+[\d.]+ ms per step "
-                     r"computing", line), line  # fmt: skip
+    assert stragglers(output), output[-4000:]
+    # The shared core slows all rank 1 does: its compute, and its loader (in the process)
+    for line in stragglers(output):
+        assert re.search(r"rank 1 is \d+% slower than the median rank: \+[\d.]+ ms per step "
+                         r"(computing|waiting for data)", line), line  # fmt: skip
 
 
 def test_a_slow_dataset_is_called_data_bound_once_with_the_advice(tmp_path: Path) -> None:
