@@ -76,7 +76,6 @@ class RankProfiler:
         self.spec, self.clock, self.folder = spec, clock, folder
         self.world = current_world()
         self.host = socket.gethostname()
-        self.written: list[Path] = []  # the merged traces rank 0 wrote
         self.writing_s = 0.0  # how long the last window's end took here (stop to merged)
         self._window: ProfileSpec | None = None
         self._ranks: list[int] = []
@@ -111,8 +110,9 @@ class RankProfiler:
         """After optimizer step ``step`` (and with the run's step before its first): open
         the window that starts next, close the one that ended."""
         self._step = step + 1  # the phases that follow belong to the next step
-        if self._torch is not None and step < (self._window.last if self._window else 0):
-            self._torch.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
+        window, recorder = self._window, self._torch
+        if recorder is not None and window is not None and step < window.last:
+            recorder.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
         if self._window is not None and step >= self._window.last:
             self._finish(self._window)
         elif self._window is None and collective and self._opens_after(step):
@@ -235,7 +235,6 @@ class RankProfiler:
         text = profilesummary.summary_text(profiles, what)
         (folder / "summary.txt").write_text(text + "\n")
         skipped = profilesummary.draw(folder / "summary.png", profiles, what)
-        self.written.append(folder / "merged.json")
         logger.info(f"{text}\nprofile: one timeline of ranks {','.join(map(str, ranks))} in "
                     f"{folder / 'merged.json'} (open it in https://ui.perfetto.dev); "
                     f"summary.csv{'' if skipped else ', summary.png'} beside it; "
