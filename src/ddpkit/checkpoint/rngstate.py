@@ -82,6 +82,25 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in devices])
 
 
+def on_cpu(state: Any) -> Any:
+    """``state`` with every tensor in it on the CPU, where generators take their state back.
+
+    A whole checkpoint is read onto the rank's device, so on a GPU its random states arrive
+    there too, and ``Generator.set_state`` takes only a CPU ``ByteTensor``.
+
+    Example:
+        >>> on_cpu({"rng": [torch.zeros(2, dtype=torch.uint8)], "host": "gpu7"})["host"]
+        'gpu7'
+    """
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
+
+
 def gather_from_ranks(state: dict[str, Any]) -> list[dict[str, Any]]:
     """Every rank's ``state`` (plain data), by rank; a collective.
 

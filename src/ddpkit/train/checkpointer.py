@@ -44,7 +44,7 @@ from ddpkit.checkpoint.background import (
 )
 from ddpkit.checkpoint.files import Position, parse_name
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
-from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks, on_cpu
 from ddpkit.checkpoint.savetimes import record_save_seconds
 from ddpkit.checkpoint.signature import check_same_model, model_signature
 from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder, prune
@@ -347,7 +347,7 @@ def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str
             + _where_it_goes_on(saved)
         )
         return progress
-    mine = ranks[world.rank]
+    mine = on_cpu(ranks[world.rank])  # read onto this rank's device, a GPU too
     progress.rng = mine["rng"]
     progress.generator_state = mine["loader_generator"]
     if state.get("progress") is not None:
