@@ -48,7 +48,9 @@ def nccl_defaults(environ: Mapping[str, str], host: str | None = None) -> dict[s
     times out, and under ``ddpkit run`` the dumps go beside the run's error files, named
     with host and rank (``flight-recorder/<host>-rank0``) for ``ddpkit doctor --dumps``.
     ddpkit's collective timeout (30 min) stays above the hang timeout (10 min), so the
-    watchdog's report comes first. Variables the user set are kept.
+    watchdog's report comes first. Variables the user set are kept, and so is torch's: its
+    elastic agent gives every worker it starts ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``
+    (TearDown, which also stops the rank) unless the launcher's environment names one.
 
     Example:
         >>> env = {"TORCHELASTIC_ERROR_FILE": "/logs/run/attempt_0/1/error.json"}

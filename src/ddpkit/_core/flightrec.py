@@ -23,10 +23,16 @@ Call = dict[str, Any]  # one collective, as :func:`compact` keeps it
 _KEPT_PER_GROUP = 4  # the one waited in and the few before it: enough to name the gap
 
 
-def dump() -> dict[str, Any] | None:
-    """torch's Flight Recorder dump, stack frames included; None where this torch has none.
+# NCCL's groups record into a recorder of their own (CUDA events), every other backend's
+# into the shared one: a process with NCCL and gloo groups has collectives in both.
+_DUMPERS = ("_dump_nccl_trace", "_dump_fr_trace")
 
-    torch gives it pickled; it is read by :func:`load_dump`, which builds plain containers
+
+def dump() -> dict[str, Any] | None:
+    """torch's Flight Recorder dumps, stack frames included, their entries in one dict; None
+    where this torch has no recorder.
+
+    torch gives each pickled; it is read by :func:`load_dump`, which builds plain containers
     only and refuses anything else.
 
     Example:
@@ -35,13 +41,16 @@ def dump() -> dict[str, Any] | None:
     """
     from torch._C import _distributed_c10d
 
-    dumper = getattr(_distributed_c10d, "_dump_fr_trace", None)
-    if dumper is None:  # a torch without the Flight Recorder
+    dumpers = [getattr(_distributed_c10d, name, None) for name in _DUMPERS]
+    if not any(dumpers):  # a torch without the Flight Recorder
         return None
-    try:
-        return load_dump(dumper(True, True, False))
-    except (RuntimeError, ValueError, pickle.UnpicklingError):
-        return None
+    entries: list[dict[str, Any]] = []
+    for dumper in filter(None, dumpers):
+        try:
+            entries += load_dump(dumper(True, True, False)).get("entries", [])
+        except (RuntimeError, ValueError, pickle.UnpicklingError):
+            continue
+    return {"entries": entries}
 
 
 class _PlainUnpickler(pickle.Unpickler):

@@ -87,3 +87,25 @@ def test_the_recorder_is_armed_unless_asked_not_to_or_already_set() -> None:
     assert flight_recorder_defaults({}) == {name: "2000"}
     assert flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "off"}) == {name: "0"}
     assert flight_recorder_defaults({"TORCH_NCCL_TRACE_BUFFER_SIZE": "100"}) == {}
+
+
+def test_a_live_dump_reads_nccls_recorder_and_the_shared_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # NCCL's groups record apart from gloo's (found on the first GPU run: reading only the
+    # shared recorder left an NCCL job's hang report without its collectives)
+    from torch._C import _distributed_c10d
+
+    from ddpkit._core import flightrec
+
+    def entry(group: str, op: str) -> dict[str, object]:
+        return {"collective_seq_id": 1, "profiling_name": op, "process_group": ["0", group],
+                "input_sizes": [[3]], "input_dtypes": ["Float"], "frames": []}  # fmt: skip
+
+    nccl = pickle.dumps({"entries": [entry("default_pg", "nccl:all_reduce")]})
+    shared = pickle.dumps({"entries": [entry("cpu_side", "gloo:broadcast")]})
+    monkeypatch.setattr(_distributed_c10d, "_dump_nccl_trace", lambda *a: nccl, raising=False)
+    monkeypatch.setattr(_distributed_c10d, "_dump_fr_trace", lambda *a: shared, raising=False)
+    found = {(c["group"], c["op"]) for c in recent_collectives()}
+    assert found == {("default_pg", "all_reduce"), ("cpu_side", "broadcast")}
+    assert flightrec.dump() is not None
