@@ -140,9 +140,14 @@ def launch(side: str, cfg: dict[str, Any]) -> dict[str, float]:
 def compare(cfg: dict[str, Any], repeat: int) -> dict[str, Any]:
     """Both sides ``repeat`` times, alternating; the medians and their ratio."""
     runs: dict[str, list[dict[str, float]]] = {"raw": [], "ddpkit": []}
-    for _ in range(repeat):
+    for round_ in range(1, repeat + 1):
         for side in runs:
+            started = time.perf_counter()
             runs[side].append(launch(side, cfg))
+            # as it goes: a run cut short by its time limit still shows how far it got
+            took, step_ms = time.perf_counter() - started, runs[side][-1]["step_s"] * 1000
+            print(f"gpu_parity: {side} run {round_}/{repeat}: {step_ms:.1f} ms/step, "
+                  f"{took:.1f} s from launch to exit", flush=True)  # fmt: skip
     step = {s: statistics.median(r["step_s"] for r in got) for s, got in runs.items()}
     peak = {s: max(r["peak_mib"] for r in got) for s, got in runs.items()}
     return {"step_ms": {s: v * 1000 for s, v in step.items()}, "peak_mib": peak,

@@ -1,6 +1,6 @@
-"""`make gpu-check` wired end to end without a GPU: a dry run reaches every step, the GPU
-tier's tests report themselves skipped with the reason, the parity benchmark runs its tiny
-model, and a failing test turns the verdict to FAIL."""
+"""`make gpu-check` wired end to end: a dry run (GPUs hidden, so on a GPU machine too) reaches
+every step, the GPU tier's tests report themselves skipped with the reason, the parity
+benchmark runs its tiny model, and a failing test turns the verdict to FAIL."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def gpu_check() -> ModuleType:
     return module
 
 
+@pytest.mark.serial  # it times itself: alone, after the others
 @pytest.mark.timeout(180)
 def test_a_dry_run_reaches_every_step_and_says_why_gpu_tests_skip(tmp_path: Path) -> None:
     started = time.monotonic()
