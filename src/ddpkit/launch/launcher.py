@@ -27,7 +27,6 @@ import pickle
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -64,6 +63,7 @@ from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
+from ddpkit.launch.scratch import launch_folder
 
 
 def spawn(
@@ -304,7 +304,7 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
             Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
             yield kept_log_dir
         else:
-            with tempfile.TemporaryDirectory(prefix="ddpkit-launch-") as log_dir:
+            with launch_folder() as log_dir:  # dead launchers' folders swept first
                 yield log_dir
     finally:
         torch_reports.setLevel(saved_level)

@@ -1,0 +1,80 @@
+"""A launch's scratch folder in the temporary directory, and the sweep of dead launchers' ones.
+
+Each launch keeps its workers' logs and error files in ``ddpkit-launch-*`` under the temporary
+directory and removes it when it ends. A launcher killed with ``kill -9`` (an OOM killer, a
+scheduler) cannot, so the next launch removes the folders whose launcher is gone. A launcher
+holds an exclusive ``flock`` on its folder's ``owner`` file while it runs: the kernel drops it
+when the process dies, however it dies, so a lock the sweep can take marks a dead launcher.
+Unlike a pid, a lock is not fooled by a reused pid or by another container's pid namespace
+sharing ``/tmp``.
+
+Example:
+    >>> with launch_folder() as folder:
+    ...     os.path.basename(folder).startswith(PREFIX)
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+PREFIX = "ddpkit-launch-"
+OWNER = "owner"  # the file a live launcher holds locked
+# A folder without an owner file is being made right now, or was left by a ddpkit before
+# owner files: only the latter is this old.
+UNOWNED_AFTER_S = 24 * 3600
+
+
+@contextlib.contextmanager
+def launch_folder() -> Iterator[str]:
+    """A fresh scratch folder, locked as this launcher's while the block runs, then removed;
+    the folders of dead launchers are removed first."""
+    sweep_dead_launchers()
+    folder = tempfile.mkdtemp(prefix=PREFIX)
+    with open(os.path.join(folder, OWNER), "w") as owner:
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        try:
+            yield folder
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def sweep_dead_launchers(root: str | None = None) -> list[str]:
+    """Remove the scratch folders under ``root`` (the temporary directory) whose launcher is
+    gone; the ones removed.
+
+    Example:
+        >>> sweep_dead_launchers("/nonexistent")
+        []
+    """
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(PREFIX + "*"):
+        if folder.is_dir() and _owner_is_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    return removed
+
+
+def _owner_is_gone(folder: Path) -> bool:
+    try:
+        with (folder / OWNER).open("r") as owner:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
+            return True
+    except FileNotFoundError:
+        return _age_s(folder) > UNOWNED_AFTER_S
+    except OSError:  # held by a live launcher, or not ours to open
+        return False
+
+
+def _age_s(folder: Path) -> float:
+    try:
+        return time.time() - folder.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -1,0 +1,49 @@
+"""A launch's scratch folder: removed by its launcher, and by the next launch when its
+launcher died without removing it (kill -9), never while its launcher lives."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from pathlib import Path
+
+from ddpkit.launch.scratch import OWNER, PREFIX, UNOWNED_AFTER_S, sweep_dead_launchers
+
+
+def scratch(root: Path, name: str, owned: bool = True) -> Path:
+    folder = root / f"{PREFIX}{name}"
+    folder.mkdir()
+    if owned:
+        (folder / OWNER).write_text("")
+    return folder
+
+
+def test_a_folder_whose_launcher_holds_its_lock_is_kept_and_swept_once_released(
+    tmp_path: Path,
+) -> None:
+    folder = scratch(tmp_path, "live")
+    with (folder / OWNER).open("w") as owner:  # the launcher, alive
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        assert sweep_dead_launchers(str(tmp_path)) == []
+        assert folder.exists()
+    # its process gone (the kernel releases the lock, as on kill -9)
+    assert sweep_dead_launchers(str(tmp_path)) == [str(folder)]
+    assert not folder.exists()
+
+
+def test_a_folder_without_an_owner_file_is_kept_unless_a_day_old(tmp_path: Path) -> None:
+    young, old = scratch(tmp_path, "young", owned=False), scratch(tmp_path, "old", owned=False)
+    a_day_ago = time.time() - UNOWNED_AFTER_S - 60
+    os.utime(old, (a_day_ago, a_day_ago))  # left by a ddpkit before owner files
+    assert sweep_dead_launchers(str(tmp_path)) == [str(old)]
+    assert young.exists()
+
+
+def test_other_folders_in_the_temporary_directory_are_left_alone(tmp_path: Path) -> None:
+    other = tmp_path / "torchelastic_abc"
+    other.mkdir()
+    (other / OWNER).write_text("")
+    (tmp_path / f"{PREFIX}a-file").write_text("not a folder")
+    assert sweep_dead_launchers(str(tmp_path)) == []
+    assert other.exists()
