@@ -77,3 +77,10 @@ def test_the_running_environment_holds_exactly_what_its_lock_pins() -> None:
     differ.pop("torch", None)
     assert not differ, f"installed, locked in {lock}: {differ}; run make test to re-sync"
     assert not missing, f"locked in {lock} but not installed: {missing}"
+    # the drift a lock exists to stop: a package installed by hand, or one a dependency
+    # brought that the lock never saw (pip and setuptools come with the venv; ddpkit is ours)
+    unlocked = sorted(set(have) - set(pinned) - {"ddpkit", "pip", "setuptools", "wheel"})
+    assert not unlocked, (
+        f"installed but not locked in {lock}: {unlocked}; uninstall them, or add them to "
+        "pyproject.toml and run `make lock`"
+    )
