@@ -126,7 +126,7 @@ def _read_sharded(path: Path) -> dict[str, torch.Tensor]:
 
     from ddpkit.checkpoint.sharded import SafeFileSystemReader, read_sharded_extra
 
-    read_sharded_extra(path)  # every shard file against its SHA-256 (no group: all of them)
+    read_sharded_extra(path, every_file=True)  # not a rank's share, even in a group
     reader = SafeFileSystemReader(path)
     entries = reader.read_metadata().state_dict_metadata
     model = {

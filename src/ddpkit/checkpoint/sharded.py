@@ -183,10 +183,12 @@ def _publish(staging: Path, final: Path, extra: dict[str, Any], digests: dict[st
         fsync_directory(final.parent)
 
 
-def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
+def read_sharded_extra(path: str | os.PathLike[str], *, every_file: bool = False) -> dict[str, Any]:
     """This rank's check of a sharded checkpoint: ``trainer.pt`` and this rank's share of
-    the shard files against their digests. No collective, so a rank that finds damage can
-    say so without leaving the others waiting; the training state is returned.
+    the shard files against their digests (all of them with ``every_file``, for one process
+    that reads the whole checkpoint, in a process group or not). No collective, so a rank
+    that finds damage can say so without leaving the others waiting; the training state is
+    returned.
 
     Example::
 
@@ -196,14 +198,20 @@ def read_sharded_extra(path: str | os.PathLike[str]) -> dict[str, Any]:
     extra = load_checkpoint(path / TRAINER_FILE)
     recorded = extra.get("files") or {}
     names = sorted(recorded)
-    for name in names[get_rank() :: _world_size()]:
-        actual = file_digest(path / name) if (path / name).is_file() else "missing"
-        if actual != recorded[name]:
-            raise CheckpointError(
-                f"sharded checkpoint {path} is damaged: {name} "
-                + ("is missing" if actual == "missing" else "does not match its checksum")
-            )
+    for name in names if every_file else names[get_rank() :: _world_size()]:
+        _check_shard_file(path, name, recorded[name])
     return extra
+
+
+def _check_shard_file(path: Path, name: str, recorded: str) -> None:
+    actual = file_digest(path / name) if (path / name).is_file() else "missing"
+    if actual != recorded:
+        raise CheckpointError(
+            f"sharded checkpoint {path} is damaged: {name} "
+            + ("is missing" if actual == "missing" else "does not match its checksum")
+            + " (a damaged disk or a partial copy); restore it from a copy, or use an earlier "
+            "checkpoint"
+        )
 
 
 def load_sharded(

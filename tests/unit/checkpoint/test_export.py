@@ -1,18 +1,24 @@
-"""``ddpkit export`` of whole checkpoints in one process: the newest of a folder as .pt and
-.safetensors, equal to the trained weights bit for bit; damage and bad requests refused."""
+"""``ddpkit export`` in one process: the newest whole checkpoint of a folder as .pt and
+.safetensors, equal to the trained weights bit for bit; bad requests refused, and damage that
+torch loads without a word (a flipped bit in a weight) refused by ddpkit's checksums, of a
+whole checkpoint and of a sharded (DCP) one."""
 
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 import ddpkit
+from ddpkit.checkpoint import Position, sharded
 from ddpkit.checkpoint.files import list_checkpoints
 from ddpkit.cli import main as ddpkit_main
+from helpers.mp_workers import toy_model
 from helpers.resume_helpers import train
 
 
@@ -54,16 +60,50 @@ def test_the_command_says_what_it_wrote(
     )
 
 
-def test_a_corrupted_checkpoint_is_refused_and_nothing_is_written(
+def flip_a_bit_of(tensor: torch.Tensor, file: Path) -> None:
+    """Flip one bit of ``tensor``'s bytes where ``file`` stores them: the file still loads."""
+    data = bytearray(file.read_bytes())
+    at = data.find(tensor.numpy().tobytes())
+    assert at > 0, f"{file} does not hold the bytes of the tensor"
+    data[at] ^= 0x01
+    file.write_bytes(bytes(data))
+
+
+def test_a_corrupted_checkpoint_is_refused_by_its_checksum_and_nothing_is_written(
     trained: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path
 ) -> None:
-    folder, _ = trained
+    folder, final = trained
     damaged = tmp_path / "epoch_000002.pt"
-    data = bytearray((folder / "epoch_000002.pt").read_bytes())
-    data[len(data) // 2] ^= 0x01
-    damaged.write_bytes(bytes(data))
-    with pytest.raises(ddpkit.CheckpointError, match=r"corrupted|could not be loaded"):
+    damaged.write_bytes((folder / "epoch_000002.pt").read_bytes())
+    flip_a_bit_of(final["0.weight"], damaged)
+    loaded = torch.load(damaged, weights_only=True)  # torch reads the wrong number silently
+    assert not torch.equal(loaded["model"]["0.weight"], final["0.weight"])
+    said = f"checkpoint {damaged} is corrupted: its contents do not match the checksum"
+    with pytest.raises(ddpkit.CheckpointError, match=re.escape(said)):
         ddpkit.export_checkpoint(damaged, tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=["alone", "as-rank-0-of-2"])
+def test_a_damaged_shard_is_refused_by_its_checksum_and_nothing_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, world: int
+) -> None:
+    ddpkit.init()
+    model = toy_model(seed=1)
+    optimizer = torch.optim.Adam(model.parameters())
+    path = sharded.save_sharded(model, [optimizer], {}, tmp_path, Position(3))
+    shard, weight = path / "__0_0.distcp", model.state_dict()["0.weight"]
+    flip_a_bit_of(weight, shard)
+    loaded = {"model": {"0.weight": torch.empty_like(weight)}}
+    with warnings.catch_warnings():  # DCP's one-process warning
+        warnings.simplefilter("ignore", UserWarning)
+        dcp_load(loaded, checkpoint_id=path, no_dist=True)  # torch reads the wrong number
+    assert not torch.equal(loaded["model"]["0.weight"], weight)
+    # Exported from rank 0 of a job, every shard file is checked, not only rank 0's share.
+    monkeypatch.setattr(sharded, "_world_size", lambda: world)
+    said = f"sharded checkpoint {path} is damaged: {shard.name} does not match its checksum"
+    with pytest.raises(ddpkit.CheckpointError, match=re.escape(said)):
+        ddpkit.export_checkpoint(path, tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
 
