@@ -93,9 +93,19 @@ def checkpoint_folder(folder: str | os.PathLike[str]) -> CheckpointFolder:
         >>> checkpoint_folder("runs/wine").location("epoch_000002.pt")
         'runs/wine/epoch_000002.pt'
     """
-    if is_url(folder):
-        return ObjectFolder(str(folder))
-    return LocalFolder(Path(str(folder).removeprefix("file://")))
+    path = local_path(folder)
+    return ObjectFolder(str(folder)) if path is None else LocalFolder(path)
+
+
+def local_path(folder: str | os.PathLike[str]) -> Path | None:
+    """The folder on a file system that ``folder`` names (``file://`` stripped: this disk,
+    not an object store); None for an object-store URL.
+
+    Example:
+        >>> local_path("file:///runs/wine"), local_path("runs/wine"), local_path("s3://b/run")
+        (PosixPath('/runs/wine'), PosixPath('runs/wine'), None)
+    """
+    return None if is_url(folder) else Path(str(folder).removeprefix("file://"))
 
 
 def prune(folder: CheckpointFolder, keep: int) -> list[str]:

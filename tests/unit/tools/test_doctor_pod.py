@@ -57,6 +57,17 @@ def test_the_checkpoint_folder_must_be_on_a_file_system_every_pod_sees() -> None
     assert check_checkpoint_shared("s3://bucket/run", pods=4).status == PASS
 
 
+def test_a_file_url_is_the_pods_own_disk_as_the_checkpointer_takes_it(tmp_path: Path) -> None:
+    """file:///PATH is a folder on this pod's file system (storage.is_url), not an object store:
+    checked where it is mounted, and its recorded saves compared with the grace period."""
+    own_disk = check_checkpoint_shared("file:///runs/wine", pods=2, mounts=MOUNTS)
+    assert own_disk.status == FAIL and "on overlay (mounted at /)" in own_disk.detail
+    shared = check_checkpoint_shared("file:///checkpoints/wine", pods=2, mounts=MOUNTS)
+    assert shared.status == PASS and "on nfs4" in shared.detail
+    record_save_seconds(tmp_path, 41.5, "epoch_000002.pt")
+    assert check_grace_period(30.0, f"file://{tmp_path}").status == FAIL
+
+
 def test_in_a_trainjob_pod_doctor_reads_the_workers_and_the_grace_period() -> None:
     env = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "0",
            "PET_MASTER_ADDR": "w-node-0-0.w", "PET_MASTER_PORT": "29500",

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ddpkit.checkpoint.savetimes import slowest_save
+from ddpkit.checkpoint.storage import local_path
 from ddpkit.env.kubernetes import PodJob, detect_pod_job
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check, workers_here
 
@@ -131,10 +132,11 @@ def check_grace_period(grace_s: float | None, checkpoint_dir: str | None) -> Che
         return Check(
             "grace period", SKIP, f"unknown: pass --grace-period S (or {GRACE_PERIOD_ENV})"
         )
-    if checkpoint_dir is None or _is_url(checkpoint_dir):
+    folder = local_path(checkpoint_dir) if checkpoint_dir is not None else None
+    if folder is None:  # none given, or an object store: the checkpointer records no times
         where = "pass --checkpoint-dir" if checkpoint_dir is None else "an object store's saves"
         return Check("grace period", SKIP, f"{grace_s:g} s; no save time to compare ({where})")
-    slowest = slowest_save(Path(checkpoint_dir))
+    slowest = slowest_save(folder)
     if slowest is None:
         detail = f"{grace_s:g} s; no save recorded in {checkpoint_dir} yet (train once)"
         return Check("grace period", SKIP, detail)
@@ -171,11 +173,12 @@ def check_checkpoint_shared(
     """
     if checkpoint_dir is None:
         return Check("checkpoint folder", SKIP, "pass --checkpoint-dir to check it")
-    if _is_url(checkpoint_dir):
+    folder = local_path(checkpoint_dir)  # file:// is this pod's disk, as the checkpointer takes it
+    if folder is None:
         return Check(
             "checkpoint folder", PASS, f"{checkpoint_dir}: an object store, seen by every pod"
         )
-    fstype, mount = filesystem_of(checkpoint_dir, mounts)
+    fstype, mount = filesystem_of(str(folder), mounts)
     detail = f"{checkpoint_dir} is on {fstype} (mounted at {mount})"
     if fstype.split(".")[0] in _SHARED_TYPES:
         return Check("checkpoint folder", PASS, detail + ", a shared file system")
@@ -232,10 +235,6 @@ def grace_from(environ: Mapping[str, str]) -> float | None:
         return float(raw) if raw else None
     except ValueError:
         return None
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path
 
 
 def _quantity(size: int) -> str:
