@@ -224,8 +224,14 @@ def train_hybrid(
 
 def gpt_with_recompute(
     strategy: str, recompute: bool, compile_options: dict[str, Any] | None = None
-) -> dict[str, torch.Tensor]:
-    """Four AdamW steps of the GPT example on fixed batches; the final whole parameters."""
+) -> dict[str, Any]:
+    """Four AdamW steps of the GPT example on fixed batches: the final whole parameters, how
+    many Block forwards ran in each step (uncompiled runs only: 0 when compiled), and how
+    many graphs Dynamo compiled in this process.
+
+    Equal parameters alone cannot tell that recomputation or compiling happened (both change
+    no numbers), so the worker also returns what each of them leaves behind: a recomputed
+    Block runs its forward again in backward, and a compiled model leaves Dynamo graphs."""
     ddpkit.init(timeout=120, seed=0)
     gpt = load_example("gpt")
     options: dict[str, Any] = {"fsdp_units": (gpt.Block,)} if strategy != "ddp" else {}
@@ -234,14 +240,46 @@ def gpt_with_recompute(
     if compile_options is not None:
         options["compile"] = compile_options
     model = ddpkit.prepare_model(gpt.GPT(gpt.GPTConfig()), strategy, **options)
+    blocks = [m for m in ddpkit.unwrap_model(model).modules() if isinstance(m, gpt.Block)]
+    # Not counted when compiled: Dynamo cannot trace a hook's side effect inside a checkpointed
+    # block, and would run the whole forward eagerly, the very thing that run must rule out.
+    ran = count_forwards(blocks if compile_options is None else [])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(ddpkit.current_world().rank)
+    forwards: list[int] = []
     for _ in range(4):
         ids = torch.randint(0, 256, (4, 65), generator=generator)
         model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return full_state(model)
+        forwards.append(len(ran))
+        ran.clear()
+    return {
+        "state": full_state(model), "blocks": len(blocks), "forwards": forwards,
+        "graphs": dynamo_graphs(),
+    }  # fmt: skip
+
+
+def count_forwards(modules: list[nn.Module]) -> list[int]:
+    """A list that grows by one at each forward call of any of ``modules``.
+
+    Hooked on the user's blocks, inside any checkpoint wrapper, the hook fires on the
+    wrapper's forward and again when backward recomputes it: that second call is what
+    activation checkpointing is, and a wrapper dropped silently leaves only the first. A
+    pre-hook, because the recomputation stops once it has rebuilt the last saved tensor,
+    before the block's forward returns: a forward (post) hook would never see it."""
+    calls: list[int] = []
+    for module in modules:
+        module.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def dynamo_graphs() -> int:
+    """How many distinct graphs Dynamo compiled in this process: 0 when nothing was compiled
+    (``torch.compile`` dropped silently runs eagerly and leaves no graph)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def started_on_meta(strategy: str, weights: str, shard_size: int | None = None) -> dict[str, Any]:

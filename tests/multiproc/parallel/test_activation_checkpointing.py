@@ -1,6 +1,7 @@
 """Activation checkpointing on 2 gloo workers: the GPT example's blocks recomputed under FSDP
 pass ``ddpkit verify``, and under DDP and FSDP, compiled or not, they train to the parameters
-the run without recomputation reaches."""
+the run without recomputation reaches, each block's forward running again in backward, and the
+compiled run leaving Dynamo graphs."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ def test_recomputed_blocks_train_as_kept_ones_compiled_or_not(strategy: str) -> 
     kept = ddpkit.spawn(workers.gpt_with_recompute, 2, strategy, False)
     recomputed = ddpkit.spawn(workers.gpt_with_recompute, 2, strategy, True)
     compiled = ddpkit.spawn(workers.gpt_with_recompute, 2, strategy, True, {"backend": "aot_eager"})
-    assert max_abs_diff(kept[0], kept[1]) == 0.0  # one model on both ranks
-    assert max_abs_diff(kept[0], recomputed[0]) <= 1e-6
-    assert max_abs_diff(kept[0], compiled[0]) <= 1e-5
+    assert max_abs_diff(kept[0]["state"], kept[1]["state"]) == 0.0  # one model on both ranks
+    assert max_abs_diff(kept[0]["state"], recomputed[0]["state"]) <= 1e-6
+    assert max_abs_diff(kept[0]["state"], compiled[0]["state"]) <= 1e-5
+    # Equal parameters would also come from a run that dropped the recomputation or the
+    # compiling: what each leaves behind must be there too.
+    blocks = kept[0]["blocks"]
+    assert blocks == 3  # GPTConfig's n_layer: every Block is counted
+    assert [r["forwards"] for r in kept] == [[blocks] * 4] * 2  # once per step, kept
+    assert [r["forwards"] for r in recomputed] == [[2 * blocks] * 4] * 2  # again in backward
+    assert [r["graphs"] for r in kept + recomputed] == [0] * 4  # eager: the counter is honest
+    graphs = [r["graphs"] for r in compiled]
+    assert min(graphs) >= 1, f"compile=... ran eagerly: Dynamo graphs per rank {graphs}"
