@@ -7,7 +7,8 @@ torch.distributed calls, ddpkit only for init and the step labels): MODE is
 - ``sigstop``: rank 1 stops itself (SIGSTOP) before its third backward;
 - ``skip_backward``: rank 1 skips its third step's backward, then both reduce the loss.
 
-STRATEGY (``ddp``, the default, or ``fsdp``) wraps the model.
+STRATEGY (``ddp``, the default, or ``fsdp``) wraps the model; TIMEOUT_S, if given, is torch's
+collective timeout (``ddpkit.init(timeout=)``; else ddpkit's default).
 """
 
 import os
@@ -20,11 +21,13 @@ import torch.distributed as dist
 
 import ddpkit
 from ddpkit import watch
+from ddpkit.runtime.session import DEFAULT_TIMEOUT_S
 
 
 def main() -> None:
     mode, strategy = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "ddp")
-    world = ddpkit.init(seed=0)
+    timeout = float(sys.argv[3]) if len(sys.argv) > 3 else DEFAULT_TIMEOUT_S
+    world = ddpkit.init(seed=0, timeout=timeout)
     model = ddpkit.prepare_model(torch.nn.Sequential(torch.nn.Linear(10, 10)), strategy)
     rank = world.rank
     for step in range(1, 6):

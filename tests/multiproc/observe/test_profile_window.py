@@ -5,7 +5,9 @@ job, moves rank 1's wall clock 250 ms ahead (its trace is written on that clock)
 (``ddpkit run --profile 5-8``) carries every check of the window: each rank's file within
 the size cap with the metadata analysis tools read, one merged trace with a track per rank,
 the sleep in rank 1's track and the summary naming rank 1, and the 250 ms found and taken
-out. The second job is asked for a profile while it runs, by the request file.
+out. The second job is asked for a profile while it runs, by the request file. A third, short
+one runs with ``--profile-stacks`` and ``--profile-memory``: the summary names rank 1's Python
+calls (the sleep) and each rank's trace holds torch's allocation timeline.
 """
 
 from __future__ import annotations
@@ -148,3 +150,43 @@ def test_a_running_job_is_profiled_on_request(tmp_path: Path) -> None:
     merged = json.loads((folder / "merged.json").read_text())
     assert set(merged["ddpkit"]["ranks"]) == {"0", "1"}
     assert not (profile / "request").exists()  # taken: it asks once
+
+
+@pytest.fixture(scope="module")
+def detailed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """A short job with both flags; its own launch, uncapped and unskewed: stacks and memory
+    records would break the first job's size cap and timing checks."""
+    out = tmp_path_factory.mktemp("detailed")
+    done = ddpkit_cli(
+        "run", "--nproc", "2", "--profile", "3-5", "--profile-stacks", "--profile-memory",
+        "--profile-dir", str(out / "profile"), str(SCRIPTS / "profiled.py"), str(out), "6",
+        str(SLOW_MS), timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr, out / "profile" / "steps-3-5"
+
+
+@pytest.mark.timeout(240)
+def test_stacks_name_the_slow_ranks_python_calls(detailed: tuple[str, Path]) -> None:
+    output, _ = detailed
+    [slow] = [line for line in output.splitlines() if "slow: rank" in line]
+    assert "slow: rank 1 is" in slow
+    # only Python stacks (torch's python_function events) can name the sleep itself
+    calls = re.search(r"its Python calls by self time per step: <built-in function sleep> "
+                      r"([\d.]+) ms", slow)  # fmt: skip
+    assert calls, slow
+    assert float(calls[1]) >= 0.9 * SLOW_MS
+
+
+@pytest.mark.timeout(240)
+def test_memory_puts_an_allocation_timeline_in_each_ranks_trace(
+    detailed: tuple[str, Path],
+) -> None:
+    _, folder = detailed
+    for rank in (0, 1):
+        trace = json.loads((folder / "ranks" / f"{HOST}-rank{rank}.json").read_text())
+        # torch's profile_memory records: an instant event per allocation and per free
+        memory = [e["args"] for e in trace["traceEvents"] if e.get("name") == "[memory]"]
+        assert memory, f"rank {rank}'s trace has no [memory] events"
+        assert all({"Total Allocated", "Bytes"} <= set(args) for args in memory)
+        assert any(a["Bytes"] > 0 for a in memory) and any(a["Bytes"] < 0 for a in memory)

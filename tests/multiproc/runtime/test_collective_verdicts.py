@@ -1,45 +1,69 @@
 """Hangs and failures inside the collectives, named at the collective: rank, op, group,
 sequence number, size and source line, from every rank's Flight Recorder (torch's, armed by
-ddpkit in every worker), within the hang timeout + 10 s, and nothing left running."""
+ddpkit in every worker): the hang within the hang timeout + 10 s, the collectives' verdict
+before torch's own collective timeout (set short here, so that a verdict that only came of
+it fails), and nothing left running."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 import pytest
 
 from ddpkit._core.torchversion import torch_at_least
 from helpers.launch_helpers import REPO, SCRIPTS, processes_running
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.serial]  # timed: runs alone (make test)
+# timed: runs alone (make test); past the launches' own 180 s, so that they clean up
+pytestmark = [pytest.mark.multiproc, pytest.mark.serial, pytest.mark.timeout(240)]
 
 HANG_TIMEOUT_S = 5
+# torch's collective timeout in the timed jobs (ddpkit's default is 30 min): well past the
+# watchdog's report (hang timeout + its polls), so a verdict after it came of torch's timeout
+COLLECTIVE_TIMEOUT_S = 30
+KILL_GRACE_S = 30  # torch elastic's SIGTERM-to-SIGKILL wait, which a stopped rank sits out
 SCRIPT = SCRIPTS / "collective_trouble.py"
 
 
-def trouble(mode: str, strategy: str = "ddp") -> tuple[int, str, float]:
-    """Exit code, the launcher's report (after the blamed rank's line), and the seconds from
-    the first training step to the moment a rank printed the collectives' verdict."""
+class Trouble(NamedTuple):
+    """A job's exit code, the launcher's report (after the blamed rank's line), and the
+    seconds from the first training step to a rank's ``ddpkit: hang:`` headline and to the
+    report's ``collectives:`` verdict (the launcher prints it as the job ends); inf for a
+    line that never came."""
+
+    code: int
+    report: str
+    hang_s: float
+    verdict_s: float
+
+
+def trouble(mode: str, strategy: str = "ddp", timeout_s: float | None = None) -> Trouble:
+    """Run the script's ``mode``; ``timeout_s``: torch's collective timeout."""
+    timeout = [] if timeout_s is None else [str(timeout_s)]
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--hang-timeout",
-               str(HANG_TIMEOUT_S), str(SCRIPT), mode, strategy]  # fmt: skip
+               str(HANG_TIMEOUT_S), str(SCRIPT), mode, strategy, *timeout]  # fmt: skip
     job = subprocess.Popen(command, cwd=REPO, text=True, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE)  # fmt: skip
     seen: dict[str, float] = {}
     reader = threading.Thread(target=_watch_stdout, args=(job, seen))
     reader.start()
     try:
-        err = job.stderr.read() if job.stderr else ""
+        err = _read_stderr(job, seen)
         job.wait(timeout=180)
     finally:
         job.kill()
         reader.join(timeout=10)
     assert processes_running(f"{SCRIPT} {mode} {strategy}") == []
-    named = seen.get("named", time.monotonic()) - seen.get("training", 0.0)
-    return job.returncode, err.split("ddpkit run: worker rank")[-1], named
+    start = seen.get("training", 0.0)
+    report = err.split("ddpkit run: worker rank")[-1]
+    # a line that never came is never in time (inf), whenever the job ended
+    return Trouble(job.returncode, report, seen.get("hang", math.inf) - start,
+                   seen.get("verdict", math.inf) - start)  # fmt: skip
 
 
 def _watch_stdout(job: subprocess.Popen[str], seen: dict[str, float]) -> None:
@@ -47,8 +71,20 @@ def _watch_stdout(job: subprocess.Popen[str], seen: dict[str, float]) -> None:
     for line in job.stdout:
         if "world size 2" in line:
             seen.setdefault("training", time.monotonic())
-        if "ddpkit: hang:" in line or "collectives:" in line:
-            seen.setdefault("named", time.monotonic())
+        if "ddpkit: hang:" in line:
+            seen.setdefault("hang", time.monotonic())
+
+
+def _read_stderr(job: subprocess.Popen[str], seen: dict[str, float]) -> str:
+    """The launcher's stderr, whole; when its verdict line came, as it came (not at the
+    end: a verdict held back until torch's timeout must show as late)."""
+    assert job.stderr is not None
+    lines = []
+    for line in job.stderr:
+        if line.startswith("collectives: "):
+            seen.setdefault("verdict", time.monotonic())
+        lines.append(line)
+    return "".join(lines)
 
 
 def collectives_line(report: str) -> str:
@@ -59,12 +95,13 @@ def collectives_line(report: str) -> str:
 
 @pytest.mark.oldest_torch  # where gloo's collectives are not recorded, it says so once
 def test_a_collective_on_rank_0_only_names_the_rank_that_never_issued_it() -> None:
-    code, report, named_after = trouble("rank0_only")
-    assert code == 124 and named_after <= HANG_TIMEOUT_S + 10, report
+    code, report, hang_s, verdict_s = trouble("rank0_only", timeout_s=COLLECTIVE_TIMEOUT_S)
+    assert code == 124 and hang_s <= HANG_TIMEOUT_S + 10, report
     if not torch_at_least("2.8"):
         assert report.count("collectives: not named: torch 2.7 records no gloo") == 1, report
         assert "hang: rank 0 waited" in report  # the activities' report, as before
         return
+    assert verdict_s < COLLECTIVE_TIMEOUT_S, f"verdict after {verdict_s:.1f} s: {report}"
     line = collectives_line(report)
     assert re.match(
         r"rank 1 never issued all_reduce #(\d+) of the default group \(3 float32\); rank 0 "
@@ -86,9 +123,12 @@ def test_a_collective_on_rank_0_only_names_the_rank_that_never_issued_it() -> No
 def test_a_rank_stopped_mid_step_is_named_and_the_waiting_ranks_collective_shown(
     strategy: str, waited_in: str
 ) -> None:
-    code, report, named_after = trouble("sigstop", strategy)
-    # named in time; the stopped rank ignores SIGTERM, so the job ends with torch's SIGKILL
-    assert code == 124 and named_after <= HANG_TIMEOUT_S + 10, report
+    # The stopped rank ignores SIGTERM: the job, and so the launcher's verdict, ends with
+    # torch elastic's SIGKILL; torch's collective timeout is set past that wait.
+    timeout_s = COLLECTIVE_TIMEOUT_S + KILL_GRACE_S
+    code, report, hang_s, verdict_s = trouble("sigstop", strategy, timeout_s)
+    assert code == 124 and hang_s <= HANG_TIMEOUT_S + 10, report
+    assert verdict_s < timeout_s, f"verdict after {verdict_s:.1f} s: {report}"
     line = collectives_line(report)
     assert re.match(
         rf"rank 0 waits in {waited_in} since \d+ s, called from collective_trouble\.py:\d+ "
@@ -106,7 +146,7 @@ def test_ranks_that_disagree_on_a_collective_are_named_with_the_size_and_line(
 ) -> None:
     # gloo aborts the rank that receives another size than it expects: the other rank's
     # Flight Recorder, in its error file, still names the collective and its line.
-    code, report, _ = trouble(mode)
+    code, report, _, _ = trouble(mode)
     assert code == 128 + 6, report  # SIGABRT
     line = collectives_line(report)
     assert re.match(
