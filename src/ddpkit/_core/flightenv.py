@@ -20,9 +20,9 @@ import os
 import socket
 from collections.abc import Mapping, MutableMapping
 
+from ddpkit._core.protocol import FLIGHT_RECORDER_ENV
 from ddpkit._core.torchversion import torch_at_least
 
-FLIGHT_RECORDER_ENV = "DDPKIT_FLIGHT_RECORDER"  # 0: do not arm torch's Flight Recorder
 BUFFER_SIZE = 2000  # collectives kept per process; torchtitan's default too
 _SIZE_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 

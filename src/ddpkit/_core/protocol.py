@@ -49,6 +49,9 @@ PROFILE_STACKS_ENV = "DDPKIT_PROFILE_STACKS"  # 1: Python stacks (and Python cal
 PROFILE_MEMORY_ENV = "DDPKIT_PROFILE_MEMORY"  # 1: tensor allocations and frees too
 PROFILE_MAX_MB_ENV = "DDPKIT_PROFILE_MAX_MB"  # each rank's trace is cut to this size
 PROFILE_DIR_ENV = "DDPKIT_PROFILE_DIR"  # where profiles go (and where a request file asks)
+FLIGHT_RECORDER_ENV = "DDPKIT_FLIGHT_RECORDER"  # 0: do not arm torch's Flight Recorder
+DNS_TIMEOUT_ENV = "DDPKIT_DNS_TIMEOUT"  # seconds the master's name may take to resolve
+GRACE_PERIOD_ENV = "DDPKIT_GRACE_PERIOD"  # the pod's terminationGracePeriodSeconds (ddpkit k8s)
 
 # --- internal channels: a launcher or a ddpkit command steers its workers (each one's setter
 # and reader: docs/architecture.md, "The internal channels"); not for users to set ----------
@@ -65,6 +68,7 @@ REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N 
 SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
 CHECKPOINT_DIR_ENV = "DDPKIT_CHECKPOINT_DIR"  # a command's scratch folder for the checkpoints
 LOG_DIR_ENV = "DDPKIT_LOG_DIR"  # ... and for the experiment logs
+CLOCK_SKEW_ENV = "DDPKIT_TEST_CLOCK_SKEW_MS"  # tests only: this process's clock runs ahead
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
 _KIND = "ddpkit_kind"  # the record's RecordKind, in the error file's extraInfo
 

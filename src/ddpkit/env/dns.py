@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from ddpkit._core.log import logger
+from ddpkit._core.protocol import DNS_TIMEOUT_ENV
 from ddpkit.errors import ConfigError, RendezvousError
 
-DNS_TIMEOUT_ENV = "DDPKIT_DNS_TIMEOUT"  # seconds the master's name may take to resolve
 DEFAULT_DNS_TIMEOUT_S = 120.0
 _RETRY_S = 1.0  # a cached miss (negative TTL) lasts seconds; asking faster gains nothing
 _SAY_EVERY_S = 10.0

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 
 from torch._C._distributed_c10d import Store
 
-SKEW_ENV = "DDPKIT_TEST_CLOCK_SKEW_MS"  # tests only: this process's clock runs ahead by this
+from ddpkit._core.protocol import CLOCK_SKEW_ENV
+
 ROUNDS = 8
 
 
 def skew_ns() -> int:
     """The test skew of this process's clock, in ns (0 unless ``DDPKIT_TEST_CLOCK_SKEW_MS``)."""
-    raw = os.environ.get(SKEW_ENV, "")
+    raw = os.environ.get(CLOCK_SKEW_ENV, "")
     return int(float(raw) * 1_000_000) if raw else 0
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddpkit
+from ddpkit._core.protocol import CLOCK_SKEW_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.observe import clocksync, profilesummary, tracefile
@@ -156,7 +157,7 @@ def test_ranks_ask_rank_0_the_time_through_a_store(monkeypatch: pytest.MonkeyPat
     for thread in threads:
         thread.join(timeout=30)
     assert found[0] == 0 and abs(found[1]) < 5_000_000 and abs(found[2]) < 5_000_000
-    monkeypatch.setenv(clocksync.SKEW_ENV, "2.5")
+    monkeypatch.setenv(CLOCK_SKEW_ENV, "2.5")
     assert clocksync.skew_ns() == 2_500_000
 
 

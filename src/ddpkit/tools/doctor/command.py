@@ -27,6 +27,7 @@ from typing import Any
 
 from ddpkit import __version__
 from ddpkit._core.log import command_logger
+from ddpkit._core.protocol import GRACE_PERIOD_ENV
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
@@ -96,7 +97,7 @@ def add_arguments(doctor: argparse.ArgumentParser) -> None:
                         "grace period?")  # fmt: skip
     doctor.add_argument("--grace-period", type=float, default=None, metavar="S",
                         help="seconds between SIGTERM and SIGKILL (a pod's "
-                        "terminationGracePeriodSeconds; default: DDPKIT_GRACE_PERIOD)")  # fmt: skip
+                        f"terminationGracePeriodSeconds; default: {GRACE_PERIOD_ENV})")  # fmt: skip
     doctor.add_argument(
         "--loader-workers",
         type=int,

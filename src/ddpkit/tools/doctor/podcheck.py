@@ -22,12 +22,12 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddpkit._core.protocol import GRACE_PERIOD_ENV
 from ddpkit.checkpoint.savetimes import slowest_save
 from ddpkit.checkpoint.storage import local_path
 from ddpkit.env.kubernetes import PodJob, detect_pod_job
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check, workers_here
 
-GRACE_PERIOD_ENV = "DDPKIT_GRACE_PERIOD"  # the pod's terminationGracePeriodSeconds (ddpkit k8s)
 MIB = 2**20
 SHM_PER_WORKER = 512 * MIB  # NCCL's per-peer buffers and a few loader batches in flight
 SHM_PER_LOADER_WORKER = 256 * MIB

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit._core.protocol import CONFIG_EXIT_CODE, PREEMPTED_EXIT_CODE
+from ddpkit._core.protocol import CONFIG_EXIT_CODE, GRACE_PERIOD_ENV, PREEMPTED_EXIT_CODE
 from ddpkit.errors import ConfigError
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
@@ -234,7 +234,7 @@ def _jobset(options: K8sOptions, args: list[str]) -> dict[str, Any]:
 
 def _pod_spec(options: K8sOptions, container: dict[str, Any]) -> dict[str, Any]:
     env = container.setdefault("env", [])
-    env.append({"name": "DDPKIT_GRACE_PERIOD", "value": str(options.grace_period)})
+    env.append({"name": GRACE_PERIOD_ENV, "value": str(options.grace_period)})
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": options.shm_size}}
