@@ -23,7 +23,9 @@ from collections.abc import Mapping, MutableMapping
 from ddpkit._core.protocol import FLIGHT_RECORDER_ENV
 from ddpkit._core.torchversion import torch_at_least
 
-BUFFER_SIZE = 2000  # collectives kept per process; torchtitan's default too
+# Collectives kept per process. torchtitan keeps 20000; the verdict reads the last few of
+# each group, and 2000 entries of frames is a small dump for a worker to write as it exits.
+BUFFER_SIZE = 2000
 _SIZE_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 

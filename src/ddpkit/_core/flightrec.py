@@ -36,8 +36,8 @@ def dump() -> dict[str, Any] | None:
     only and refuses anything else.
 
     Example:
-        >>> dump() is None or isinstance(dump(), dict)
-        True
+        >>> sorted(dump() or {"entries": []})
+        ['entries']
     """
     from torch._C import _distributed_c10d
 
@@ -86,8 +86,10 @@ def recent_collectives(data: dict[str, Any] | None = None) -> list[Call]:
     """The last few collectives of each process group, oldest first (empty when none).
 
     Example:
-        >>> recent_collectives({"entries": []})
-        []
+        >>> entry = {"collective_seq_id": 5, "profiling_name": "nccl:all_reduce",
+        ...          "process_group": ["0", "default_pg"], "input_sizes": [[3]]}
+        >>> [(c["seq"], c["op"]) for c in recent_collectives({"entries": [entry]})]
+        [(5, 'all_reduce')]
     """
     data = dump() if data is None else data
     entries = [e for e in (data or {}).get("entries", []) if not e.get("is_p2p")]
