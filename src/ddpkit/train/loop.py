@@ -36,7 +36,7 @@ from ddpkit.train.checkpointer import Checkpointer, record_training_start
 from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
 from ddpkit.train.monitor import StepMonitor, backward_label
-from ddpkit.train.options import LoopKeywords, RunOptions
+from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.progress import EpochProgress, say_already_trained
 from ddpkit.train.state import RunState
@@ -74,6 +74,7 @@ class TrainLoop:
         >>> ddpkit.shutdown()
     """
 
+    @shows_loop_keywords
     def __init__(
         self,
         state: dict[str, Any],

@@ -12,10 +12,11 @@ Example:
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, ForwardRef, Literal, TypedDict, TypeVar, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
@@ -178,6 +179,42 @@ class RunOptions:
             LoopOptions(**_fields_of(LoopOptions, keywords), scheduler_interval=scheduler_interval),
             LogOptions(**_fields_of(LogOptions, keywords)),
         )
+
+
+Init = TypeVar("Init", bound=Callable[..., None])
+
+
+def shows_loop_keywords(init: Init) -> Init:
+    """Write each loop keyword, with its default, into ``init``'s signature in place of
+    ``**options``: ``inspect.signature``, ``help()`` and a notebook's completion show them,
+    while the keywords still arrive in ``options``, checked once by :meth:`RunOptions.of`.
+    Type checkers and IDEs read the same keywords from ``Unpack[LoopKeywords]``.
+
+    Example:
+        >>> @shows_loop_keywords
+        ... def make(self, model, **options) -> None: ...
+        >>> inspect.signature(make).parameters["keep_last"]
+        <Parameter "keep_last: 'int | None' = 3">
+    """
+    signature = inspect.signature(init)
+    kept = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    init.__signature__ = signature.replace(parameters=[*kept, *_loop_parameters()])  # type: ignore[attr-defined]
+    return init
+
+
+def _loop_parameters() -> list[inspect.Parameter]:
+    groups = (CheckpointOptions, LoopOptions, LogOptions)
+    defaults = {f.name: f.default for group in groups for f in fields(group)}
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter(name, keyword, default=defaults[name], annotation=_text(annotation))
+        for name, annotation in LoopKeywords.__annotations__.items()
+    ]
+
+
+def _text(annotation: Any) -> Any:
+    """A TypedDict's annotation as written (it holds them as ForwardRefs)."""
+    return annotation.__forward_arg__ if isinstance(annotation, ForwardRef) else annotation
 
 
 def _fields_of(options: type, keywords: Mapping[str, Any]) -> dict[str, Any]:

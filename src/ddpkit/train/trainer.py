@@ -32,7 +32,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.group import ModelGroup
 from ddpkit.runtime.callbacks import Callback
 from ddpkit.train.loop import TrainLoop
-from ddpkit.train.options import LoopKeywords, RunOptions, SchedulerInterval
+from ddpkit.train.options import LoopKeywords, RunOptions, SchedulerInterval, shows_loop_keywords
 from ddpkit.train.state import RunState
 from ddpkit.train.steps import (
     LossFn,
@@ -68,6 +68,7 @@ class Trainer:
         trainer = Trainer(model, opt, F.cross_entropy, "runs/x", save_every=5, precision="bf16")
     """
 
+    @shows_loop_keywords
     def __init__(
         self,
         model: nn.Module | Mapping[str, nn.Module],
