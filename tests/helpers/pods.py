@@ -4,12 +4,12 @@ Each pod is a network namespace (:mod:`helpers.netns`) whose host name is the po
 (``wine-node-0-1``), whose hosts file holds the job's headless service as cluster DNS
 answers it (``ADDR wine-node-0-1.wine.default.svc.cluster.local wine-node-0-1.wine
 wine-node-0-1``, the fully qualified name first, as a reverse lookup gives it), and whose
-process gets exactly the variables the controller injects, on a copy of this environment
-without any launcher's or ddpkit's variables. What Kubernetes does around the pods is here
-too: a name published late (:meth:`PodJob.hide`, :meth:`PodJob.publish`), pods deleted
-(SIGTERM to the container's first process, SIGKILL to everything left after the grace
-period: :meth:`PodJob.delete`) and recreated elsewhere, with a new address under the same
-name (:meth:`PodJob.recreate`).
+process gets exactly the variables its pod spec (as ``ddpkit k8s`` writes it) and the
+controller give it, on a copy of this environment without any launcher's or ddpkit's
+variables. What Kubernetes does around the pods is here too: a name published late
+(:meth:`PodJob.hide`, :meth:`PodJob.publish`), pods deleted (SIGTERM to the container's
+first process, SIGKILL to everything left after the grace period: :meth:`PodJob.delete`)
+and recreated elsewhere, with a new address under the same name (:meth:`PodJob.recreate`).
 
 The namespaces share this machine's file systems: a folder made by the test is what a
 ReadWriteMany volume is to real pods. Skipped with the reason where namespaces cannot be
@@ -26,6 +26,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import os
 import signal
 import subprocess
@@ -35,12 +37,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from ddpkit.cli import main as ddpkit_main
 from helpers.launch_helpers import REPO
 from helpers.netns import VirtualHost, add_host, remove_host, virtual_hosts
 
 DOMAIN = "default.svc.cluster.local"  # the pods' namespace "default", the cluster's domain
-PORT = 29500  # Trainer's torch runtime's PET_MASTER_PORT; `ddpkit k8s` writes the same
+PORT = 29500  # Trainer's torch runtime's PET_MASTER_PORT (the JobSet's is the manifest's)
 KINDS = ("trainjob", "jobset")
 REPLICATED_JOB = "node"  # Trainer's torch runtime and `ddpkit k8s --kind jobset` call it so
 # Variables a pod never inherits from the test's own environment: launchers', schedulers',
@@ -108,10 +112,11 @@ class PodJob:
     service a JobSet and Trainer make for it) on one virtual network."""
 
     def __init__(self, kind: str, name: str, hosts: list[VirtualHost], nproc: int,
-                 grace_s: float, cores: int) -> None:  # fmt: skip
+                 grace_s: int, cores: int) -> None:  # fmt: skip
         assert kind in KINDS, kind
         self.kind, self.name, self.nproc, self.grace_s = kind, name, nproc, grace_s
         self.cores = cores
+        self.spec_env = manifest_env(kind, name, len(hosts), nproc, grace_s)
         self.pods = [Pod(i, host.name, host) for i, host in enumerate(hosts)]
         self.added: list[VirtualHost] = []  # hosts of recreated pods: this helper removes them
         self.processes: list[PodProcess] = []
@@ -141,11 +146,11 @@ class PodJob:
     def env(self, index: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The pod's environment: this process's, cleaned, with the controller's variables.
 
-        TrainJob (Trainer v2, torch runtime): PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
-        PET_MASTER_ADDR, PET_MASTER_PORT, and the indexed Job's JOB_COMPLETION_INDEX. JobSet
-        as ``ddpkit k8s --kind jobset`` writes it: PET_NNODES, PET_NPROC_PER_NODE,
-        PET_MASTER_PORT, and JOB_COMPLETION_INDEX (no master, no node rank). Both: HOSTNAME
-        (the kubelet's) and DDPKIT_GRACE_PERIOD (``ddpkit k8s`` writes it into the pod spec).
+        Both kinds: the pod spec's variables as ``ddpkit k8s`` writes them (:func:`manifest_env`:
+        the JobSet's PET_NNODES, PET_NPROC_PER_NODE, PET_MASTER_PORT; DDPKIT_GRACE_PERIOD),
+        the indexed Job's JOB_COMPLETION_INDEX and the kubelet's HOSTNAME. TrainJob: Trainer
+        v2's torch runtime injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK,
+        PET_MASTER_ADDR and PET_MASTER_PORT (a JobSet's pods have no master, no node rank).
         """
         pod = self.pods[index]
         clean = {
@@ -153,17 +158,20 @@ class PodJob:
             for name, value in os.environ.items()
             if name not in _LAUNCHER_VARS and not name.startswith(_NOT_INHERITED)
         }
-        contract = {
+        contract = {**self.spec_env, "JOB_COMPLETION_INDEX": str(index), "HOSTNAME": pod.name}
+        if self.kind == "trainjob":
+            contract |= self.trainer_env(index)
+        return {**clean, "GLOO_SOCKET_IFNAME": pod.host.interface, **contract, **(extra or {})}
+
+    def trainer_env(self, index: int) -> dict[str, str]:
+        """What Trainer's controller injects (not in ddpkit's manifests: it is Trainer's)."""
+        return {
             "PET_NNODES": str(len(self.pods)),
             "PET_NPROC_PER_NODE": str(self.nproc),
+            "PET_NODE_RANK": str(index),
+            "PET_MASTER_ADDR": self.master,
             "PET_MASTER_PORT": str(PORT),
-            "JOB_COMPLETION_INDEX": str(index),
-            "HOSTNAME": pod.name,
-            "DDPKIT_GRACE_PERIOD": f"{self.grace_s:g}",
         }
-        if self.kind == "trainjob":
-            contract |= {"PET_NODE_RANK": str(index), "PET_MASTER_ADDR": self.master}
-        return {**clean, "GLOO_SOCKET_IFNAME": pod.host.interface, **contract, **(extra or {})}
 
     # -- the headless service (hosts files) -------------------------------------------------
 
@@ -314,7 +322,7 @@ def kill_everything_in(host: VirtualHost, timeout: float = 30) -> None:
 
 
 @contextlib.contextmanager
-def pod_job(kind: str, name: str, count: int, nproc: int = 1, grace_s: float = 20.0,
+def pod_job(kind: str, name: str, count: int, nproc: int = 1, grace_s: int = 20,
             cores: int = 1) -> Iterator[PodJob]:  # fmt: skip
     """``count`` pods of the ``kind`` job ``name`` (``"trainjob"`` or ``"jobset"``), each
     with ``nproc`` workers on ``cores`` cores of its own (where this machine has enough), a
@@ -327,3 +335,27 @@ def pod_job(kind: str, name: str, count: int, nproc: int = 1, grace_s: float = 2
             yield job
         finally:
             job.close()
+
+
+def manifest_env(kind: str, name: str, nodes: int, nproc: int, grace_s: int) -> dict[str, str]:
+    """The ``node`` container's variables in what ``ddpkit k8s --kind KIND`` prints for this
+    job (a TrainJob's are in its TrainingRuntime): read from the command's own output, so the
+    pods get what real pods would, not a copy that could drift from it."""
+    argv = ["k8s", "--kind", kind, "--name", name, "--image", "unused", "--nodes", str(nodes),
+            "--nproc-per-node", str(nproc), "--grace-period", str(grace_s), "--format", "json",
+            "train.py"]  # fmt: skip
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert ddpkit_main(argv) == 0, f"ddpkit {' '.join(argv)} failed"
+    (node,) = [c for c in _containers(json.loads(printed.getvalue())) if c["name"] == "node"]
+    return {variable["name"]: variable["value"] for variable in node.get("env", [])}
+
+
+def _containers(tree: Any) -> Iterator[dict[str, Any]]:
+    """Every container spec anywhere in the manifests (each kind nests its pods otherwise)."""
+    if isinstance(tree, dict):
+        yield from tree.get("containers", [])
+        tree = list(tree.values())
+    if isinstance(tree, list):
+        for child in tree:
+            yield from _containers(child)

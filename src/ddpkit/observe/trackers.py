@@ -94,7 +94,12 @@ class Tracker:
         """Log the parameters the run lacks; one whose value changed (a resumed job on
         another world size) under ``<key> at step <step>``: a tracker's parameters are fixed.
         """
-        self._log_params({k: _text(v) for k, v in params.items() if v is not None}, step)
+        texts = {k: _text(v) for k, v in params.items() if v is not None}
+        held = self._held_params()
+        self._add_params({k: v for k, v in texts.items() if k not in held})
+        changed = {k: v for k, v in texts.items() if k in held and held[k] != v}
+        if changed:
+            self._note_changed({changed_name(k, step): v for k, v in changed.items()})
 
     def fill_in(self, rows: Sequence[Sequence[str]]) -> None:
         """Send the points of ``log_dir``'s CSV (``step,tag,value,wall_time`` rows up to the
@@ -142,8 +147,15 @@ class Tracker:
     def _send(self, points: Sequence[Point]) -> None:
         raise NotImplementedError
 
-    def _log_params(self, params: Mapping[str, str], step: int) -> None:
-        """Log the parameters the run lacks; a changed one under :func:`changed_name`."""
+    def _held_params(self) -> Mapping[str, str]:
+        """The parameters the run already holds (none for a tracker without them)."""
+        return {}
+
+    def _add_params(self, params: Mapping[str, str]) -> None:
+        """Log parameters the run lacks."""
+
+    def _note_changed(self, changed: Mapping[str, str]) -> None:
+        """Record new values of held parameters, already named by :func:`changed_name`."""
 
     def _finish(self, failed: bool) -> None:
         """Mark the run ended."""
@@ -211,17 +223,19 @@ class MLflowLogger(Tracker):
         for first in range(0, len(metrics), 1000):  # MLflow's limit per batch
             self._client.log_batch(self.run_id, metrics=metrics[first : first + 1000])
 
-    def _log_params(self, params: Mapping[str, str], step: int) -> None:
+    def _held_params(self) -> Mapping[str, str]:
+        return dict(self._client.get_run(self.run_id).data.params)
+
+    def _add_params(self, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param
 
-        assert self.run_id is not None
-        held = self._client.get_run(self.run_id).data.params
-        new = [Param(k, v) for k, v in params.items() if k not in held]
+        new = [Param(k, v) for k, v in params.items()]
         for first in range(0, len(new), 100):  # MLflow's limit per batch
             self._client.log_batch(self.run_id, params=new[first : first + 100])
-        for key, value in params.items():
-            if key in held and held[key] != value:  # a parameter cannot change: a tag says it
-                self._client.set_tag(self.run_id, changed_name(key, step), value)
+
+    def _note_changed(self, changed: Mapping[str, str]) -> None:
+        for name, value in changed.items():  # a parameter cannot change: a tag says it
+            self._client.set_tag(self.run_id, name, value)
 
     def _finish(self, failed: bool) -> None:
         self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
@@ -285,12 +299,15 @@ class WandbLogger(Tracker):
         for step in sorted(rows):
             self._run.log(rows[step], step=step)
 
-    def _log_params(self, params: Mapping[str, str], step: int) -> None:
+    def _held_params(self) -> Mapping[str, str]:
         # A resumed offline run starts with an empty config: its earlier files hold the first.
-        held = {**self._earlier_config, **dict(self._run.config)}
-        self._run.config.update({k: v for k, v in params.items() if k not in held})
-        changed = {k: v for k, v in params.items() if k in held and held[k] != v}
-        self._run.config.update({changed_name(k, step): v for k, v in changed.items()})
+        return {**self._earlier_config, **dict(self._run.config)}
+
+    def _add_params(self, params: Mapping[str, str]) -> None:
+        self._run.config.update(dict(params))
+
+    def _note_changed(self, changed: Mapping[str, str]) -> None:
+        self._run.config.update(dict(changed))
 
     def _finish(self, failed: bool) -> None:
         self._run.finish(exit_code=1 if failed else 0)

@@ -72,10 +72,11 @@ def test_a_rank_sleeping_in_its_step_is_named_with_the_phase_and_its_memory(
 def test_a_rank_sharing_its_core_is_named_computing(tmp_path: Path) -> None:
     output, _ = run_case("taskset", tmp_path)
     assert stragglers(output), output[-4000:]
-    # The shared core slows all rank 1 does: its compute, and its loader (in the process)
+    # The shared core slows all rank 1 does, most of all its compute: 4 times its loading
+    # (slow_rank.py keeps the collector's pauses, which land in the loading, out of the run).
     for line in stragglers(output):
         assert re.search(r"rank 1 is \d+% slower than the median rank: \+[\d.]+ ms per step "
-                         r"(computing|waiting for data)", line), line  # fmt: skip
+                         r"computing \(", line), line  # fmt: skip
 
 
 def test_a_slow_dataset_is_called_data_bound_once_with_the_advice(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ after a failure, filled in from the CSV; the run id through a checkpoint; bad sp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import pytest
@@ -41,13 +41,16 @@ class Memory(Tracker):
             raise ConnectionError("server away")
         self.runs[str(self.run_id)]["points"].extend(points)
 
-    def _log_params(self, params: Any, step: int) -> None:
-        run = self.runs[str(self.run_id)]
-        for key, value in params.items():
-            if key not in run["params"]:
-                run["params"][key] = value
-            elif run["params"][key] != value:
-                run["tags"][f"{key} at step {step}"] = value
+    # Only storage: which parameters are new, which changed and what a change is named is
+    # Tracker.log_params's rule, the one under test.
+    def _held_params(self) -> dict[str, str]:
+        return dict(self.runs[str(self.run_id)]["params"])
+
+    def _add_params(self, params: Mapping[str, str]) -> None:
+        self.runs[str(self.run_id)]["params"].update(params)
+
+    def _note_changed(self, changed: Mapping[str, str]) -> None:
+        self.runs[str(self.run_id)]["tags"].update(changed)
 
     def _finish(self, failed: bool) -> None:
         self.runs[str(self.run_id)]["status"] = "FAILED" if failed else "FINISHED"

@@ -75,7 +75,10 @@ def test_trainjob_runs_ddpkit_run_with_the_runtime_that_carries_the_pod_settings
 
 
 def test_jobset_pods_find_each_other_by_host_name_and_index() -> None:
-    jobset = manifests(K8sOptions(name="wine", image="i", kind="jobset", nodes=3), "t.py", [])[0]
+    options = K8sOptions(
+        name="wine", image="i", kind="jobset", nodes=3, nproc_per_node=2, grace_period=45
+    )  # not the defaults: a variable that ignored its option would still match those
+    jobset = manifests(options, "t.py", [])[0]
     assert jobset["spec"]["network"] == {
         "enableDNSHostnames": True,
         "publishNotReadyAddresses": True,
@@ -84,8 +87,16 @@ def test_jobset_pods_find_each_other_by_host_name_and_index() -> None:
     assert job["replicas"] == 1  # one Job of N pods: node rank = completion index
     spec = job["template"]["spec"]
     assert (spec["parallelism"], spec["completions"], spec["completionMode"]) == (3, 3, "Indexed")
-    env = {e["name"]: e["value"] for e in spec["template"]["spec"]["containers"][0]["env"]}
-    assert env["PET_NNODES"] == "3" and env["DDPKIT_GRACE_PERIOD"] == "120"
+    (container,) = spec["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    # Every variable the pods read, and no other (tests/helpers/pods.py gives pods these).
+    assert env == {
+        "PET_NNODES": "3",
+        "PET_NPROC_PER_NODE": "2",
+        "PET_MASTER_PORT": "29500",
+        "DDPKIT_GRACE_PERIOD": "45",
+    }
+    assert container["ports"] == [{"containerPort": 29500, "name": "c10d"}]
 
 
 def test_the_failure_policy_follows_ddpkits_exit_codes() -> None:
