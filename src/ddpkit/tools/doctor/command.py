@@ -92,9 +92,8 @@ def add_arguments(doctor: argparse.ArgumentParser) -> None:
                         help=f"optimizer steps for --run (default: {DEFAULT_STEPS})")  # fmt: skip
     doctor.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                         help="seconds --smoke / --run may take (default: 300)")  # fmt: skip
-    doctor.add_argument("--checkpoint-dir", default=None, metavar="DIR",
-                        help="the run's checkpoint folder: shared across pods? saves fit the "
-                        "grace period?")  # fmt: skip
+    doctor.add_argument("--checkpoint-dir", metavar="DIR", help="the run's checkpoint folder: "
+                        "shared across pods? saves fit the grace period?")  # fmt: skip
     doctor.add_argument("--grace-period", type=float, default=None, metavar="S",
                         help="seconds between SIGTERM and SIGKILL (a pod's "
                         f"terminationGracePeriodSeconds; default: {GRACE_PERIOD_ENV})")  # fmt: skip
