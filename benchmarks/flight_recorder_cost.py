@@ -18,13 +18,13 @@ import torch.distributed as dist
 from parity import ddpkit_worker
 
 import ddpkit
-from ddpkit._core.flightenv import FLIGHT_RECORDER_ENV
+from ddpkit.flightrecorder.arming import FLIGHT_RECORDER_ENV
 
 
 def recorded(cfg: dict[str, object]) -> tuple[float, int]:
     """One worker's median step time, and how many collectives its recorder holds."""
     seconds = ddpkit_worker(cfg, {}, "default")
-    from ddpkit._core.flightrec import dump
+    from ddpkit.flightrecorder.records import dump
 
     entries = len((dump() or {}).get("entries", []))
     dist.barrier()

@@ -28,7 +28,7 @@ _SET_BY_LIBRARIES = {
     "KMP_INIT_AT_FORK": "scikit-learn, joblib (at import)",
     "_MLFLOW_TELEMETRY_SESSION_ID": "mlflow 3 (at import; unset when telemetry is off)",
     # ddpkit.init() arms torch's Flight Recorder and NCCL's error handling before the first
-    # process group, for the process's life (torch reads them then): _core/flightenv.py
+    # process group, for the process's life (torch reads them then): flightrecorder/arming.py
     "TORCH_FR_BUFFER_SIZE": "ddpkit.init() (the Flight Recorder)",
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "ddpkit.init() on torch 2.7 (the Flight Recorder)",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "ddpkit.init() (NCCL's errors surface)",

@@ -266,7 +266,7 @@ def nccl_flight_recorder() -> dict[str, Any]:
     """One GPU rank: an all_reduce over NCCL, then what its Flight Recorder holds."""
     import os
 
-    from ddpkit._core.flightrec import recent_collectives
+    from ddpkit.flightrecorder.records import recent_collectives
 
     world = ddpkit.init()
     tensor = torch.ones(3, device=world.device)

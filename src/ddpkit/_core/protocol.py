@@ -117,7 +117,7 @@ def error_record(
     user's code was in (``"all_reduce (train.py:41)"``) and ``exitcode`` the code the worker
     exits with: extras torch ignores, for when the agent stopped the worker before it saw it.
     ``kind`` says what the record is (:class:`RecordKind`); ``collectives`` the worker's last
-    collectives from torch's Flight Recorder (:mod:`ddpkit._core.flightrec`).
+    collectives from torch's Flight Recorder (:mod:`ddpkit.flightrecorder.records`).
 
     Example:
         >>> error_record("ValueError: x", "Traceback ...", timestamp=7)["message"]["message"]

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import sys
 from importlib import metadata
 
 OLDEST_SUPPORTED = "2.7"
@@ -28,9 +29,8 @@ def torch_release() -> tuple[int, int]:
     try:
         text = metadata.version("torch")
     except metadata.PackageNotFoundError:  # a source build without package metadata
-        import torch
-
-        text = torch.__version__
+        # _core imports no torch (a contract); a caller about to use it has imported it
+        text = getattr(sys.modules.get("torch"), "__version__", OLDEST_SUPPORTED)
     major, minor = text.split(".")[:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 

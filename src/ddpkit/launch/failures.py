@@ -23,7 +23,6 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddpkit._core.collectiveverdict import collective_verdict
 from ddpkit._core.protocol import (
     SAME_CALLS_FIX,
     RecordKind,
@@ -36,6 +35,7 @@ from ddpkit._core.protocol import (
     error_timestamp,
 )
 from ddpkit.errors import WorkerFailedError
+from ddpkit.flightrecorder.verdict import collective_verdict
 
 # What a worker reports when a *peer* died: a consequence, not the cause.
 _ECHOES = (

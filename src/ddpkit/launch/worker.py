@@ -25,8 +25,6 @@ import sys
 import traceback
 from collections.abc import Mapping
 
-from ddpkit._core.flightenv import arm_flight_recorder
-from ddpkit._core.flightrec import recent_collectives
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     ONE_STREAM_ENV,
@@ -40,6 +38,8 @@ from ddpkit._core.protocol import (
 from ddpkit._core.torcherrors import summarize_mismatch
 from ddpkit._core.tracefold import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
+from ddpkit.flightrecorder.arming import arm_flight_recorder
+from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.launch.lifeline import die_with_launcher
 
 

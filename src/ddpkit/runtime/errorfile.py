@@ -18,10 +18,10 @@ import sys
 import traceback
 from types import TracebackType
 
-from ddpkit._core.flightrec import recent_collectives
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, RecordKind, error_record, write_error_file
 from ddpkit._core.torcherrors import summarize_mismatch
+from ddpkit.flightrecorder.records import recent_collectives
 
 
 def install_error_file_hook() -> None:

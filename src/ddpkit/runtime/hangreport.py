@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpkit._core.collectiveverdict import collective_verdict
 from ddpkit._core.protocol import SAME_CALLS_FIX
 from ddpkit._core.text import ranks_text
 from ddpkit._core.torchversion import torch_at_least, torch_text
+from ddpkit.flightrecorder.verdict import collective_verdict
 
 State = dict[str, Any]
 _MAX_LISTED = 8  # ranks listed per group; a 1,000-rank job's report stays readable

@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ddpkit._core import log
-from ddpkit._core.flightenv import arm_flight_recorder
 from ddpkit._core.protocol import failure_recorded
 from ddpkit._core.text import first_line
 from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import Backend, World
 from ddpkit.errors import NotInitializedError, RendezvousError
+from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.runtime.errorfile import install_error_file_hook
 from ddpkit.runtime.errorhook import install_short_errors
 from ddpkit.runtime.filestore import mark_complete

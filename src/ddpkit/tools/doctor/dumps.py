@@ -5,7 +5,7 @@ torch writes one dump per rank (``TORCH_FR_DUMP_TEMP_FILE`` + rank: ``nccl_trace
 torch's dumper), whichever launcher started the job: torchrun, SLURM, ``ddpkit run``. The
 files are torch's pickles (or JSON); they are read as plain data only, refusing anything
 that names a class, so a dump cannot run code. The verdict is the live hang report's
-(:mod:`ddpkit._core.collectiveverdict`); ``torchfrtrace DIR`` (torch's analyzer) shows every
+(:mod:`ddpkit.flightrecorder.verdict`); ``torchfrtrace DIR`` (torch's analyzer) shows every
 collective.
 
 Example:
@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ddpkit._core.collectiveverdict import collective_verdict, group_name
-from ddpkit._core.flightrec import load_dump, recent_collectives
+from ddpkit.flightrecorder.records import load_dump, recent_collectives
+from ddpkit.flightrecorder.verdict import collective_verdict, group_name
 
 _RANK = re.compile(r"(\d+)(\.json)?$")
 _MAX_BYTES = 512 * 2**20  # a dump of 2,000 entries is a few MB; anything far larger is not one

@@ -1,6 +1,6 @@
 """This process's Flight Recorder, read: the last collectives of each process group.
 
-torch keeps every collective it issued (armed by :mod:`ddpkit._core.flightenv`): op, group,
+torch keeps every collective it issued (armed by :mod:`ddpkit.flightrecorder.arming`): op, group,
 sequence number, sizes and dtypes, whether it completed, and the Python frames that issued
 it. :func:`recent_collectives` returns the last few per group as plain JSON data, small
 enough to travel in the hang report's store key and the error file.

@@ -1,7 +1,7 @@
 """The hang at the collective level, in one line, from every rank's Flight Recorder.
 
 Each rank that answers a hang alarm sends its last collectives per process group
-(:mod:`ddpkit._core.flightrec`). Ranks running the same code issue the same collectives
+(:mod:`ddpkit.flightrecorder.records`). Ranks running the same code issue the same collectives
 in the same order, so their sequence numbers agree; where they do not, the numbers say what
 happened:
 

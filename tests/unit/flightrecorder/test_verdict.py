@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit._core.collectiveverdict import Cause, collective_verdict
-from ddpkit._core.flightenv import flight_recorder_defaults
-from ddpkit._core.flightrec import compact, load_dump, recent_collectives
 from ddpkit._core.torchversion import torch_at_least
+from ddpkit.flightrecorder.arming import flight_recorder_defaults
+from ddpkit.flightrecorder.records import compact, load_dump, recent_collectives
+from ddpkit.flightrecorder.verdict import Cause, collective_verdict
 from ddpkit.tools.doctor.dumps import explain_dumps
 
 
@@ -96,7 +96,7 @@ def test_a_live_dump_reads_nccls_recorder_and_the_shared_one(
     # shared recorder left an NCCL job's hang report without its collectives)
     from torch._C import _distributed_c10d
 
-    from ddpkit._core import flightrec
+    from ddpkit.flightrecorder import records as flightrec
 
     def entry(group: str, op: str) -> dict[str, object]:
         return {"collective_seq_id": 1, "profiling_name": op, "process_group": ["0", group],
