@@ -25,6 +25,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+# torch's customary MASTER_PORT: torchrun's, the Kubeflow Trainer's and TorchX's default
+DEFAULT_MASTER_PORT = 29500
+
 # --- exit codes -------------------------------------------------------------------------
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): checkpointed and stopped; run again
 HANG_EXIT_CODE = 124  # as coreutils' timeout: the job was stopped for taking too long

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpkit._core.envvars import int_var
+from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.errors import ConfigError
 
-TORCHX_PORT = 29500  # TorchX's dist.ddp rendezvous port (its rdzv_port default)
+TORCHX_PORT = DEFAULT_MASTER_PORT  # TorchX's dist.ddp rendezvous port (its rdzv_port default)
 _TRAINJOB_MASTER = re.compile(r"^(?P<job>[a-z0-9.-]+)-node-0-0\.(?P=job)$")
 _PYTORCHJOB_HOST = re.compile(r"^(?P<job>[a-z0-9.-]+)-(master|worker)-\d+$")
 _JOBSET_HOST = re.compile(r"^(?P<job>[a-z0-9.-]+)-(?P<jobindex>\d+)-(?P<podindex>\d+)$")
@@ -183,7 +184,7 @@ def _trainjob(env: Mapping[str, str]) -> PodJob | None:
         node_rank,
         env.get("PET_NPROC_PER_NODE"),
         env["PET_MASTER_ADDR"],
-        int_var(env, "PET_MASTER_PORT", default=29500),
+        int_var(env, "PET_MASTER_PORT", default=DEFAULT_MASTER_PORT),
         ("PET_NNODES",) if elastic else ("PET_NNODES", "PET_NODE_RANK"),
     )
 
@@ -212,7 +213,9 @@ def _jobset(env: Mapping[str, str], host: str, fqdn: str | None) -> PodJob | Non
     subdomain = _subdomain(host, fqdn)
     master = f"{found['job']}-0-0" + (f".{subdomain}" if subdomain else "")
     nnodes = env.get("PET_NNODES")
-    port = int_var(env, "PET_MASTER_PORT", default=int_var(env, "MASTER_PORT", default=29500))
+    port = int_var(
+        env, "PET_MASTER_PORT", default=int_var(env, "MASTER_PORT", default=DEFAULT_MASTER_PORT)
+    )
     read = ("JOB_COMPLETION_INDEX", "HOSTNAME") + (("PET_NNODES",) if nnodes else ())
     rank = None if nnodes and ":" in nnodes else index
     name = subdomain or found["job"].rsplit("-", 1)[0]  # the subdomain is the JobSet's name

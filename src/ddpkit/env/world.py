@@ -22,6 +22,7 @@ from typing import Literal, get_args
 import torch
 
 from ddpkit._core.envvars import int_var
+from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.env.kubernetes import Controller, detect_pod_job, pod_topology_fields
 from ddpkit.env.slurm import (
     check_started_by_srun,
@@ -281,7 +282,7 @@ def _contract_present(env: Mapping[str, str], required: tuple[str, ...], name: s
 def _job_port(job_key: str | None) -> int:
     """A port all ranks of one job agree on without talking: derived from a job-unique key."""
     if not job_key:
-        return 29500  # torch's customary default
+        return DEFAULT_MASTER_PORT
     return 20000 + zlib.crc32(job_key.encode()) % 10000
 
 

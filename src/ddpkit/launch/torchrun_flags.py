@@ -28,6 +28,7 @@ import os
 from typing import Any
 
 from ddpkit._core.log import command_logger
+from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit._core.torchversion import torch_at_least, torch_text
 from ddpkit.errors import ConfigError
 
@@ -221,7 +222,7 @@ def _master_from(args: argparse.Namespace, endpoint: str | None) -> str | None:
         return endpoint
     if args.master_addr is None and args.master_port is None:
         return None
-    return f"{args.master_addr or '127.0.0.1'}:{args.master_port or 29500}"
+    return f"{args.master_addr or '127.0.0.1'}:{args.master_port or DEFAULT_MASTER_PORT}"
 
 
 def _on_this_host(endpoint: str | None) -> bool:

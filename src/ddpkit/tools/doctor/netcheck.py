@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit._core.system import listening_pid
 from ddpkit._core.text import parse_endpoint
 from ddpkit.env.initmethod import parse_init_method
@@ -26,7 +27,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.tools.doctor.envinfo import SOCKET_VARS
 from ddpkit.tools.doctor.preflight import FAIL, PASS, SKIP, WARN, Check
 
-DEFAULT_MASTER = ("127.0.0.1", 29500)  # torch's customary MASTER_PORT
+DEFAULT_MASTER = ("127.0.0.1", DEFAULT_MASTER_PORT)
 CONNECT_TIMEOUT_S = 2.5
 _LOCAL_ADDR_FIX = (
     "make the name resolve to this node's address on the cluster network (/etc/hosts or "

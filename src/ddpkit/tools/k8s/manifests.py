@@ -24,14 +24,19 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ddpkit._core.protocol import CONFIG_EXIT_CODE, GRACE_PERIOD_ENV, PREEMPTED_EXIT_CODE
+from ddpkit._core.protocol import (
+    CONFIG_EXIT_CODE,
+    DEFAULT_MASTER_PORT,
+    GRACE_PERIOD_ENV,
+    PREEMPTED_EXIT_CODE,
+)
 from ddpkit.errors import ConfigError
 
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 NODE = "node"  # the replicated job's and the container's name (Trainer's torch runtime's too)
-PORT = 29500
+PORT = DEFAULT_MASTER_PORT
 SCRIPT_ERROR_EXIT_CODE = 1  # Python's, for an exception the script did not catch
 # exit code -> what it means and what the failure policy does (docs/kubernetes.md)
 EXIT_CODES = {
