@@ -48,3 +48,26 @@ def positive_int_var(name: str, environ: Mapping[str, str] | None = None) -> int
     if not raw.isdigit() or int(raw) < 1:
         raise ConfigError(f"{name}={raw!r} must be a positive integer")
     return int(raw)
+
+
+def seconds_var(name: str, environ: Mapping[str, str] | None = None) -> float | None:
+    """A duration in seconds (>= 0) from the environment, or None when unset or empty.
+
+    Example:
+        >>> seconds_var("DDPKIT_DNS_TIMEOUT", {"DDPKIT_DNS_TIMEOUT": "30"})
+        30.0
+        >>> seconds_var("DDPKIT_DNS_TIMEOUT", {"DDPKIT_DNS_TIMEOUT": "soon"})
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.ConfigError: DDPKIT_DNS_TIMEOUT='soon' must be a number of seconds >= 0
+    """
+    raw = (os.environ if environ is None else environ).get(name, "")
+    if raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise ConfigError(f"{name}={raw!r} must be a number of seconds >= 0")
+    return value

@@ -15,14 +15,14 @@ Example:
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import time
 from collections.abc import Callable, Mapping
 
+from ddpkit._core.envvars import seconds_var
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import DNS_TIMEOUT_ENV
-from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.errors import RendezvousError
 
 DEFAULT_DNS_TIMEOUT_S = 120.0
 _RETRY_S = 1.0  # a cached miss (negative TTL) lasts seconds; asking faster gains nothing
@@ -36,16 +36,8 @@ def dns_timeout(environ: Mapping[str, str] | None = None) -> float:
         >>> dns_timeout({"DDPKIT_DNS_TIMEOUT": "30"})
         30.0
     """
-    raw = (os.environ if environ is None else environ).get(DNS_TIMEOUT_ENV, "")
-    if raw == "":
-        return DEFAULT_DNS_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise ConfigError(f"{DNS_TIMEOUT_ENV}={raw!r} must be a number of seconds >= 0")
-    return value
+    found = seconds_var(DNS_TIMEOUT_ENV, environ)
+    return DEFAULT_DNS_TIMEOUT_S if found is None else found
 
 
 def is_address(host: str) -> bool:

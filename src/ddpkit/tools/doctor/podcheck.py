@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddpkit._core.envvars import seconds_var
 from ddpkit._core.protocol import GRACE_PERIOD_ENV
 from ddpkit.checkpoint.savetimes import slowest_save
 from ddpkit.checkpoint.storage import local_path
@@ -230,11 +231,7 @@ def grace_from(environ: Mapping[str, str]) -> float | None:
         >>> grace_from({"DDPKIT_GRACE_PERIOD": "120"})
         120.0
     """
-    raw = environ.get(GRACE_PERIOD_ENV, "")
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
+    return seconds_var(GRACE_PERIOD_ENV, environ)
 
 
 def _quantity(size: int) -> str:
