@@ -20,10 +20,11 @@ import enum
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from ddpkit._core.atomicfile import atomic_write
 
 # torch's customary MASTER_PORT: torchrun's, the Kubeflow Trainer's and TorchX's default
 DEFAULT_MASTER_PORT = 29500
@@ -151,11 +152,10 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
     # Whole or not at all: the agent parses the file once the worker has exited, and a
     # worker stopped between creating and filling it (the agent's SIGTERM lands in the
     # middle, the stop handler exits at once) left it empty: torch's agent died parsing it.
-    # A temporary per writing thread, since the watchdog's thread writes here too.
-    temporary = f"{path}.{os.getpid()}-{threading.get_ident()}.tmp"
+    # (A temporary of its own per write: the watchdog's thread writes here too.)
+    text = json.dumps(record).encode()
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
-        Path(temporary).write_text(json.dumps(record))
-        os.replace(temporary, path)
+        atomic_write(Path(path), lambda out: out.write(text))
 
 
 def failure_recorded() -> bool:

@@ -14,10 +14,10 @@ Example:
     Position(epoch=1, step=None)
 """
 
+from ddpkit._core.atomicfile import atomic_write
 from ddpkit.checkpoint.files import (
     INVALID_SUFFIX,
     Position,
-    atomic_write,
     checkpoint_name,
     latest_checkpoint,
     list_checkpoints,

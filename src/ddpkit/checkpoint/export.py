@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from ddpkit.checkpoint.files import atomic_write, fsync_directory, list_checkpoints, parse_name
+from ddpkit._core.atomicfile import atomic_write, fsync_directory
+from ddpkit.checkpoint.files import list_checkpoints, parse_name
 from ddpkit.checkpoint.integrity import file_digest
 from ddpkit.checkpoint.storage import checkpoint_folder, is_url
 from ddpkit.errors import CheckpointError, ConfigError

@@ -29,14 +29,13 @@ import math
 import os
 import re
 import shutil
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
+from ddpkit._core.atomicfile import atomic_write, fsync_directory
 from ddpkit.checkpoint.integrity import seal, verify_seal
 from ddpkit.errors import CheckpointError, ConfigError
 
@@ -129,29 +128,6 @@ def save_sealed(state: dict[str, Any], final: Path) -> None:
     """
     sealed = seal(state)
     atomic_write(final, lambda handle: torch.save(sealed, handle))
-
-
-def atomic_write(final: Path, write: Callable[[IO[bytes]], Any]) -> None:
-    """Write ``final`` through ``write(handle)`` so it is either complete or not there.
-
-    Example:
-        >>> import tempfile
-        >>> target = Path(tempfile.mkdtemp()) / "notes.bin"
-        >>> atomic_write(target, lambda handle: handle.write(b"ok")); target.read_bytes()
-        b'ok'
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, final)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-    fsync_directory(final.parent)
 
 
 def list_checkpoints(folder: str | os.PathLike[str]) -> list[Path]:
@@ -296,17 +272,3 @@ def remove_path(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def fsync_directory(folder: Path) -> None:
-    """Make a rename in ``folder`` durable: it is only on disk once the directory entry is.
-
-    Example:
-        >>> import tempfile
-        >>> fsync_directory(Path(tempfile.mkdtemp()))
-    """
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -16,10 +16,10 @@ Example:
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from ddpkit._core.atomicfile import atomic_write
 
 SAVE_TIMES_FILE = ".save-seconds.json"  # hidden: the folder lists checkpoints
 _KEPT = 5  # the last few saves: one slow save on a busy file system counts
@@ -32,11 +32,10 @@ def record_save_seconds(folder: Path, seconds: float, name: str) -> None:
         >>> record_save_seconds(Path("/nonexistent/folder"), 1.0, "x.pt")  # no error
     """
     saves = [*_read(folder), {"name": name, "seconds": round(seconds, 3)}][-_KEPT:]
+    text = json.dumps(saves).encode()
     try:
-        handle, temporary = tempfile.mkstemp(dir=folder, prefix=".save-seconds.")
-        with os.fdopen(handle, "w") as out:
-            json.dump(saves, out)
-        os.replace(temporary, folder / SAVE_TIMES_FILE)
+        if folder.is_dir():  # made by the save it records; never made here
+            atomic_write(folder / SAVE_TIMES_FILE, lambda out: out.write(text))
     except OSError:
         pass  # a record for doctor is not worth failing a save for
 

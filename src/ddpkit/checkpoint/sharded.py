@@ -45,10 +45,10 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
+from ddpkit._core.atomicfile import fsync_directory
 from ddpkit.checkpoint.background import tensor_bytes
 from ddpkit.checkpoint.files import (
     Position,
-    fsync_directory,
     load_checkpoint,
     remove_path,
     save_sealed,

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
+from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
 from ddpkit.checkpoint.redirect import resolve_log_dir
@@ -280,12 +281,10 @@ def _exported(torch_profile: profile) -> dict[str, Any]:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Written whole or not at all: a reader never opens half a trace."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("w") as out:
-        # json.dumps: json.dump is the slow encoder. Its default ': ' stays: HTA finds a file's
-        # rank with the pattern '"rank":\s+N' (hta/common/trace_file.py)
-        out.write(json.dumps(data))
-    os.replace(temporary, path)
+    # json.dumps: json.dump is the slow encoder. Its default ': ' stays: HTA finds a file's
+    # rank with the pattern '"rank":\s+N' (hta/common/trace_file.py)
+    text = json.dumps(data).encode()
+    atomic_write(path, lambda out: out.write(text))
 
 
 def _job_store() -> Store | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpkit._core import atomicfile
 from ddpkit._core.protocol import (
     PREEMPTED_EXIT_CODE,
     RecordKind,
@@ -80,15 +81,15 @@ def test_a_worker_stopped_while_writing_never_leaves_an_empty_error_file(
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
 
-    def created_then_stopped(self: Path, text: str) -> None:
-        self.touch()  # open() has created (or truncated) the file; nothing written yet
+    def stopped(fd: int) -> None:  # the temporary is created and written, not yet renamed
         raise _StoppedMidWrite
 
     with monkeypatch.context() as patched:
-        patched.setattr(Path, "write_text", created_then_stopped)
+        patched.setattr(atomicfile.os, "fsync", stopped)
         with pytest.raises(_StoppedMidWrite):
             write_error_file(error_record("ValueError: x", "details"))
     assert not error_file.exists()  # no file is a failure without details; empty kills the agent
+    assert list(tmp_path.iterdir()) == []  # nor a temporary left beside it
     write_error_file(error_record("ValueError: y", "details"))  # the next writer, whole
     assert json.loads(error_file.read_text())["message"]["message"] == "ValueError: y"
 
