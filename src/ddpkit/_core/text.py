@@ -23,14 +23,16 @@ def first_line(err: BaseException | str) -> str:
     return type(err).__name__ if isinstance(err, BaseException) else ""
 
 
-def ranks_text(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 1,3', for messages.
+def ranks_text(ranks: list[int], most: int | None = None) -> str:
+    """'rank 3' or 'ranks 1,3', for messages; past ``most`` ranks, how many more.
 
     Example:
-        >>> ranks_text([2])
-        'rank 2'
+        >>> ranks_text([2]), ranks_text([0, 1, 2, 3], most=2)
+        ('rank 2', 'ranks 0,1 and 2 more')
     """
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+    shown = ranks if most is None else ranks[:most]
+    more = f" and {len(ranks) - len(shown)} more" if len(shown) < len(ranks) else ""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, shown)) + more
 
 
 def split_host_port(text: str) -> tuple[str, int] | None:

@@ -117,19 +117,19 @@ def collective_verdict(
         return Verdict(Cause.DISAGREE, _disagree(group, seq, at_seq))
     if aborted:
         return Verdict(Cause.DISAGREE, (
-            f"{_waits(first, called, since, named=True)}; {_who(list(aborted))} aborted "
+            f"{_waits(first, called, since, named=True)}; {ranks_text(list(aborted))} aborted "
             "(SIGABRT) meanwhile, as gloo aborts a rank sent another size than its own "
             "collective expects: the ranks disagree there (`ddpkit run --debug-collectives` "
             "shows both sides)"
         ))  # fmt: skip
     if silent:
         return Verdict(Cause.SILENT, (
-            f"{_waits(first, called, since, named=True)}; {_who(silent)} did not answer "
+            f"{_waits(first, called, since, named=True)}; {ranks_text(silent)} did not answer "
             "(stopped, or frozen in native code): its Python stack and collectives are unknown"
         ))  # fmt: skip
     if all(call["done"] for call in at_seq.values()):
         return None  # after the fact: every rank completed the same call; nothing waits
-    line = f"{_who(waiting)} issued {_name(called)} alike and it does not complete"
+    line = f"{ranks_text(waiting)} issued {_name(called)} alike and it does not complete"
     return Verdict(Cause.STUCK, line)
 
 
@@ -148,7 +148,7 @@ def _last_in(calls: list[Call], group: str) -> Call | None:
 def _behind(
     called: Call, behind: list[int], lasts: dict[int, Call | None], first: int, since: Any
 ) -> str:
-    text = f"{_who(behind)} never issued {_name(called)}; {_waits(first, called, since)}"
+    text = f"{ranks_text(behind)} never issued {_name(called)}; {_waits(first, called, since)}"
     for rank in behind[:3]:
         last = lasts[rank]
         if last is None:
@@ -213,7 +213,3 @@ def group_name(name: str) -> str:
         'default'
     """
     return "default" if name in ("default_pg", "0", "") else name
-
-
-def _who(ranks: list[int]) -> str:
-    return ranks_text(ranks)

@@ -34,6 +34,7 @@ from ddpkit._core.protocol import (
     error_text,
     error_timestamp,
 )
+from ddpkit._core.text import ranks_text
 from ddpkit.errors import WorkerFailedError
 from ddpkit.flightrecorder.verdict import collective_verdict
 
@@ -192,14 +193,14 @@ def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str |
     if cause.finished:  # every failed rank had finished: the teardown failed
         return f"rank {cause.rank} finished the script, then failed while exiting"
     if cause.is_echo and finished:
-        who = _ranks_text(finished)
+        who = ranks_text(finished)
         waited = f"waited in {cause.call}" if cause.call else "was in a collective call"
         return (
             f"rank {cause.rank} {waited} but {who} finished the script without calling "
             f"it: {SAME_CALLS_FIX}"
         )
     if same:
-        ranks = _ranks_text(sorted([cause.rank, *(f.rank for f in same)]))
+        ranks = ranks_text(sorted([cause.rank, *(f.rank for f in same)]))
         return f"{ranks} failed with the same error ({_how(cause.exitcode)})"
     return None
 
@@ -226,10 +227,6 @@ def _finished_ranks(
     first = next(rank - pf.local_rank for rank, pf in err.failures.items())
     failed = {f.rank for f in failures if not f.finished}
     return [rank for rank in range(first, first + local_world) if rank not in failed]
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _how(exitcode: int) -> str:

@@ -183,6 +183,4 @@ def _stack_lines(rank: int, state: State) -> list[str]:
 
 
 def _ranks(ranks: list[int]) -> str:
-    if len(ranks) <= _MAX_LISTED:
-        return ranks_text(ranks)
-    return ranks_text(ranks[:_MAX_LISTED]) + f" and {len(ranks) - _MAX_LISTED} more"
+    return ranks_text(ranks, most=_MAX_LISTED)

@@ -24,9 +24,9 @@ AT = re.escape(str(SCRIPT))
 TABLE = {
     "one_rank": (1, r"worker rank 1 failed \(exit code 1\)",
                  r"ValueError: bad batch on rank 1\n.*rank 0: (failed when a peer left|stopped)"),
-    "every_rank": (1, r"ranks 0, 1 failed with the same error \(exit code 1\)",
+    "every_rank": (1, r"ranks 0,1 failed with the same error \(exit code 1\)",
                    r"ValueError: learning rate must be positive \(got -0.1\)"),
-    "import": (1, r"ranks 0, 1 failed with the same error \(exit code 1\)",
+    "import": (1, r"ranks 0,1 failed with the same error \(exit code 1\)",
                r"line 18, in <module>\n.*\n.*\nModuleNotFoundError: No module named "
                r"'tokenizers_that_are_not_installed'"),
     "sys_exit": (3, r"worker rank 1 failed \(exit code 3\)",
@@ -42,7 +42,7 @@ TABLE = {
                  r"ddpkit.all_reduce_sum\(1.0\)  # rank 0 waits here"),
     "nan": (1, r"worker rank 1 failed \(exit code 1\)",
             r"NonFiniteLossError: loss is nan on rank 1 at step 3 \(epoch 1\)"),
-    "too_few_samples": (1, r"ranks 0, 1 failed with the same error \(exit code 1\)",
+    "too_few_samples": (1, r"ranks 0,1 failed with the same error \(exit code 1\)",
                         r"ConfigError: the dataset has 1 sample\(s\) but the job has 2 ranks: "
                         r"every rank needs at least one; launch --nproc 1 or fewer"),
 }  # fmt: skip

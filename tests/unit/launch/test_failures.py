@@ -103,7 +103,7 @@ def test_the_same_error_on_every_rank_is_shown_once(tmp_path: Path) -> None:
     write_error_file(tmp_path, 0, IMPORT_ERROR)
     write_error_file(tmp_path, 1, IMPORT_ERROR)
     blamed = root_cause(ChildFailedError("train", {0: failure(0, 1)}), tmp_path, local_world=2)
-    assert str(blamed).startswith("ranks 0, 1 failed with the same error (exit code 1):\n")
+    assert str(blamed).startswith("ranks 0,1 failed with the same error (exit code 1):\n")
     assert blamed.detail == IMPORT_ERROR  # once, and no line for rank 1
 
 
