@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
 
 from ddpkit._core.text import parse_endpoint
+from ddpkit._core.validate import check_positive_int
 from ddpkit.env.kubernetes import PodJob
 from ddpkit.env.slurm import SlurmNodes
 from ddpkit.errors import ConfigError
@@ -106,8 +107,7 @@ def check_nproc(nproc: object) -> None:
         ...
         ddpkit.errors.ConfigError: --nproc must be a positive integer (got 0)
     """
-    if not isinstance(nproc, int) or isinstance(nproc, bool) or nproc < 1:
-        raise ConfigError(f"--nproc must be a positive integer (got {nproc!r})")
+    check_positive_int("--nproc", nproc)
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:

@@ -29,9 +29,9 @@ from ddpkit import __version__
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import GRACE_PERIOD_ENV
 from ddpkit._core.text import parse_endpoint
+from ddpkit._core.validate import check_positive_int
 from ddpkit.env.initmethod import parse_init_method
 from ddpkit.errors import ConfigError
-from ddpkit.launch.plan import check_nproc
 from ddpkit.launch.program import check_script
 from ddpkit.tools.doctor import dumps, envinfo, links, netcheck, podcheck, preflight, probe
 from ddpkit.tools.doctor.preflight import FAIL, SKIP, Check
@@ -378,7 +378,7 @@ def summary_line(checks: list[Mapping[str, Any]]) -> str:
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
-        check_nproc(value)
+        check_positive_int("a count", value)
     except (ValueError, ConfigError):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer") from None
     return value
