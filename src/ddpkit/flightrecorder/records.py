@@ -17,7 +17,7 @@ import json
 import pickle
 from typing import Any
 
-from ddpkit._core.tracefold import is_hidden
+from ddpkit._core.tracebacks import is_hidden
 
 Call = dict[str, Any]  # one collective, as :func:`compact` keeps it
 _KEPT_PER_GROUP = 4  # the one waited in and the few before it: enough to name the gap

@@ -36,7 +36,7 @@ from ddpkit._core.protocol import (
     write_error_file,
 )
 from ddpkit._core.torcherrors import summarize_mismatch
-from ddpkit._core.tracefold import fold_traceback, is_hidden, waiting_call
+from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives

@@ -7,7 +7,7 @@ rank 0 measure their clocks against rank 0's (:mod:`ddpkit.observe.clocksync`); 
 writes its trace, named by host and rank, with torch's ``distributedInfo`` and ddpkit's
 metadata, cut to the size cap, adds its phase track and sums its window
 (:mod:`ddpkit.observe.profilesummary`), then sends both to rank 0 through the store. Rank 0
-writes ``merged.json`` (one track per rank, on its clock: :mod:`ddpkit.observe.tracefile`)
+writes ``merged.json`` (one track per rank, on its clock: :mod:`ddpkit.observe.chrometrace`)
 and the summary, and says where they are.
 
 A window is set by ``ddpkit run --profile`` / ``profile=`` or asked of a running job: a file
@@ -42,7 +42,7 @@ from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
 from ddpkit.checkpoint.redirect import resolve_log_dir
-from ddpkit.observe import profilesummary, tracefile
+from ddpkit.observe import chrometrace, profilesummary
 from ddpkit.observe.clocksync import measure_offset, skew_ns, wall_ns
 from ddpkit.observe.profilespec import DEFAULT_COUNT, ProfileSpec
 from ddpkit.observe.ranktimes import RankTimes
@@ -189,19 +189,19 @@ class RankProfiler:
         """This rank's trace file and summary, as sent to rank 0."""
         assert self._torch is not None
         trace = _exported(self._torch)
-        tracefile.shift(trace, skew_ns() / 1000)  # tests: the skewed clock wrote it
+        chrometrace.shift(trace, skew_ns() / 1000)  # tests: the skewed clock wrote it
         events = list(trace.get("traceEvents", []))
         pid = next((int(e["pid"]) for e in events if e.get("cat") == "cpu_op"), os.getpid())
-        trace["traceEvents"] = events + tracefile.phase_events(self._phases, pid, trace)
+        trace["traceEvents"] = events + chrometrace.phase_events(self._phases, pid, trace)
         trace["ddpkit"] = {"rank": self.world.rank, "host": self.host,
                            "steps": [window.first, window.last],
                            "clock_offset_us": offset_ns / 1000, "dropped_events": 0}  # fmt: skip
-        tracefile.cap(trace, int(window.max_mb * 2**20))  # counts what it drops in "ddpkit"
+        chrometrace.cap(trace, int(window.max_mb * 2**20))  # counts what it drops in "ddpkit"
         (folder / "ranks").mkdir(parents=True, exist_ok=True)  # alone: what HTA reads
         _write_json(folder / "ranks" / f"{self.host}-rank{self.world.rank}.json", trace)
         summary = profilesummary.rank_profile(
             self.world.rank, self.host, self._phases, events, self._main_tid,
-            tracefile.base_us(trace),
+            chrometrace.base_us(trace),
         )  # fmt: skip
         return {"summary": summary.to_json(), "trace": trace, "offset_ns": offset_ns}
 
@@ -227,9 +227,9 @@ class RankProfiler:
                       took_s: float) -> None:  # fmt: skip
         folder.mkdir(parents=True, exist_ok=True)
         ranks = sorted(sent)
-        traces = [tracefile.TraceOf(r, sent[r]["trace"]["ddpkit"]["host"], sent[r]["trace"],
+        traces = [chrometrace.TraceOf(r, sent[r]["trace"]["ddpkit"]["host"], sent[r]["trace"],
                                     int(sent[r]["offset_ns"])) for r in ranks]  # fmt: skip
-        _write_json(folder / "merged.json", tracefile.merge(traces))
+        _write_json(folder / "merged.json", chrometrace.merge(traces))
         profiles = [profilesummary.RankProfile.from_json(sent[r]["summary"]) for r in ranks]
         what = window.describe()
         profilesummary.write_csv(folder / "summary.csv", profiles)

@@ -39,7 +39,7 @@ from torch._C._distributed_c10d import PrefixStore, Store
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV, RecordKind
 from ddpkit._core.system import flush_and_exit
-from ddpkit._core.tracefold import thread_stack
+from ddpkit._core.tracebacks import thread_stack
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.runtime.errorfile import record_failure

@@ -20,7 +20,7 @@ import ddpkit
 from ddpkit._core.protocol import CLOCK_SKEW_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
-from ddpkit.observe import clocksync, profilesummary, tracefile
+from ddpkit.observe import chrometrace, clocksync, profilesummary
 from ddpkit.observe.profiler import RankProfiler, _chosen_ranks, profile_folder
 from ddpkit.observe.profilespec import ProfileSpec, parse_ranks
 from ddpkit.observe.ranktimes import RankTimes
@@ -112,10 +112,10 @@ def test_merging_puts_each_rank_on_its_track_and_rank_0s_clock() -> None:
     }
     own_name = {"ph": "M", "name": "process_name", "pid": 41, "tid": 0, "args": {"name": "python"}}
     # rank 1's base is 1 ms later and its clock 3 ms ahead: its op ran 2 ms before rank 0's
-    merged = tracefile.merge(
+    merged = chrometrace.merge(
         [
-            tracefile.TraceOf(1, "b", trace(1_000_000, op, flow, own_name), 3_000_000),
-            tracefile.TraceOf(0, "a", trace(0, op, flow, own_name), 0),
+            chrometrace.TraceOf(1, "b", trace(1_000_000, op, flow, own_name), 3_000_000),
+            chrometrace.TraceOf(0, "a", trace(0, op, flow, own_name), 0),
         ]
     )
     ops = {e["pid"]: e["ts"] for e in merged["traceEvents"] if e["ph"] == "X"}
@@ -128,10 +128,10 @@ def test_merging_puts_each_rank_on_its_track_and_rank_0s_clock() -> None:
 
 def test_the_cap_drops_the_shortest_operators_and_keeps_the_phases() -> None:
     ops = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": i} for i in range(200)]
-    phase = tracefile.phase_events([("compute", 1, 0, 10**6)], 1, {})
+    phase = chrometrace.phase_events([("compute", 1, 0, 10**6)], 1, {})
     kept = trace(0, *ops, *phase)
-    dropped = tracefile.cap(kept, 4000)
-    assert dropped > 100 and tracefile.size_of(kept) <= 4000
+    dropped = chrometrace.cap(kept, 4000)
+    assert dropped > 100 and chrometrace.size_of(kept) <= 4000
     durations = [e["dur"] for e in kept["traceEvents"] if e.get("cat") == "cpu_op"]
     assert min(durations) == 200 - len(durations)  # the longest stayed
     assert any(e.get("cat") == "ddpkit" for e in kept["traceEvents"])

@@ -15,7 +15,7 @@ from torch._C._distributed_c10d import HashStore, PrefixStore
 import ddpkit
 import ddpkit.runtime.watchdog
 from ddpkit._core.protocol import HANG_EXIT_CODE
-from ddpkit._core.tracefold import is_hidden, thread_stack
+from ddpkit._core.tracebacks import is_hidden, thread_stack
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.hangreport import compose_report, missing_ranks
 from ddpkit.runtime.watchdog import (

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpkit._core.tracefold import fold_traceback, waiting_call
+from ddpkit._core.tracebacks import fold_traceback, waiting_call
 
 
 class Broken(torch.nn.Module):
