@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 
 from ddpkit._core.protocol import (
     PROFILE_DIR_ENV,
@@ -24,9 +23,14 @@ from ddpkit._core.protocol import (
     PROFILE_RANKS_ENV,
     PROFILE_STACKS_ENV,
 )
-
-_WINDOW = re.compile(r"^\d+(-\d+)?$")
-_RANKS = re.compile(r"^(all|slow|\d+(,\d+)*)$")
+from ddpkit._core.stepwindow import (
+    DEFAULT_COUNT,
+    DEFAULT_MAX_MB,
+    DEFAULT_STEPS,
+    parse_ranks,
+    parse_steps,
+)
+from ddpkit.errors import ConfigError
 
 
 def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +39,9 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("profiling (docs/slow-jobs.md)")
     group.add_argument(
         "--profile", nargs="?", const="", default=None, type=_window, metavar="STEPS",
-        help="profile optimizer steps FIRST-LAST (e.g. 200-205; FIRST alone: 5 steps; no "
-        "value: 11-15) with torch.profiler on every rank: one merged timeline and a summary",
+        help=f"profile optimizer steps FIRST-LAST (e.g. 200-205; FIRST alone: {DEFAULT_COUNT} "
+        f"steps; no value: {DEFAULT_STEPS}) with torch.profiler on every rank: one merged "
+        "timeline and a summary",
     )  # fmt: skip
     group.add_argument(
         "--profile-ranks", type=_ranks, default=None, metavar="RANKS",
@@ -54,7 +59,8 @@ def add_profile_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     group.add_argument(
         "--profile-max-mb", type=float, default=None, metavar="MB",
-        help="cut each rank's trace to this size, shortest events first (default 20)",
+        help=f"cut each rank's trace to this size, shortest events first (default "
+        f"{DEFAULT_MAX_MB:g})",
     )  # fmt: skip
     group.add_argument(
         "--profile-dir", default=None, metavar="DIR",
@@ -82,16 +88,21 @@ def profile_settings(args: argparse.Namespace) -> dict[str, str]:
 
 
 def _window(text: str) -> str:
-    if text and not _WINDOW.match(text.strip()):
-        hint = "give FIRST-LAST (e.g. 200-205) or FIRST"
-        if text.endswith(".py") or os.path.exists(text):  # `--profile train.py`
-            hint = f"the script came right after --profile: write --profile 11-15 {text}, or "
-            hint += "put another flag between them"
-        raise argparse.ArgumentTypeError(f"{text!r} is not a window of steps: {hint}")
+    if text.endswith(".py") or (text and os.path.exists(text)):  # `--profile train.py`
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a window of steps: the script came right after --profile: write "
+            f"--profile {DEFAULT_STEPS} {text}, or put another flag between them"
+        )
+    try:
+        parse_steps(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text.strip()
 
 
 def _ranks(text: str) -> str:
-    if not _RANKS.match(text.replace(" ", "")):
-        raise argparse.ArgumentTypeError(f"{text!r}: give all, slow, or ranks like 0,3")
+    try:
+        parse_ranks(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text.replace(" ", "")

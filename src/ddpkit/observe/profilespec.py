@@ -24,12 +24,18 @@ from ddpkit._core.protocol import (
     PROFILE_RANKS_ENV,
     PROFILE_STACKS_ENV,
 )
+from ddpkit._core.stepwindow import (
+    DEFAULT_COUNT,
+    DEFAULT_MAX_MB,
+    DEFAULT_STEPS,
+    RankChoice,
+    check_steps,
+    parse_ranks,
+    parse_steps,
+)
 from ddpkit.errors import ConfigError
 
-DEFAULT_STEPS = "11-15"  # after 10 steps of warm-up (first allocations, caches, DDP buckets)
-DEFAULT_COUNT = 5  # steps profiled when only the first is given
-DEFAULT_MAX_MB = 20.0
-RankChoice = str | tuple[int, ...]  # "all", "slow" or the ranks
+__all__ = ["DEFAULT_COUNT", "DEFAULT_MAX_MB", "DEFAULT_STEPS", "ProfileSpec", "parse_ranks"]
 
 
 @dataclass(frozen=True)
@@ -52,12 +58,7 @@ class ProfileSpec:
     max_mb: float = DEFAULT_MAX_MB
 
     def __post_init__(self) -> None:
-        if self.first < 1:
-            raise ConfigError(f"profile window steps start at 1 (got {self.first})")
-        if self.last < self.first:
-            raise ConfigError(
-                f"profile window steps {self.first}-{self.last} ends before it starts"
-            )
+        check_steps(self.first, self.last)
         if not self.max_mb > 0:
             raise ConfigError(f"the profile's size cap must be > 0 MB (got {self.max_mb})")
 
@@ -69,16 +70,7 @@ class ProfileSpec:
             >>> ProfileSpec.parse("40").last
             44
         """
-        text = steps.strip() or DEFAULT_STEPS
-        first_text, _, last_text = text.partition("-")
-        try:
-            first = int(first_text)
-            last = int(last_text) if last_text else first + DEFAULT_COUNT - 1
-        except ValueError:
-            raise ConfigError(
-                f"profile={steps!r} is not a window of steps: give FIRST-LAST (e.g. 200-205) "
-                "or FIRST (5 steps)"
-            ) from None
+        first, last = parse_steps(steps)
         return cls(first, last, parse_ranks(ranks), **options)  # type: ignore[arg-type]
 
     @classmethod
@@ -139,25 +131,3 @@ class ProfileSpec:
         else:
             who = "ranks " + ",".join(str(rank) for rank in self.ranks)
         return f"steps {self.first}-{self.last} on {who}"
-
-
-def parse_ranks(text: str) -> RankChoice:
-    """``"all"``, ``"slow"`` or ``"0,3"`` as the spec's ranks.
-
-    Example:
-        >>> parse_ranks("1, 0"), parse_ranks("slow")
-        ((0, 1), 'slow')
-    """
-    text = text.strip()
-    if text in ("all", "slow"):
-        return text
-    try:
-        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        ranks = ()
-    if not ranks or min(ranks) < 0:
-        raise ConfigError(
-            f"profile ranks {text!r}: give 'all', 'slow' (the rank the straggler report names) "
-            "or ranks like 0,3"
-        )
-    return ranks
