@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from parity import make_data, make_model
 
 import ddpkit
-from ddpkit.observe.profiler import RankProfiler
+from ddpkit.observe.profiling.profiler import RankProfiler
 from ddpkit.observe.steptime import Phase, StepClock
 
 SETTINGS = ("absent", "off", "profiled")

@@ -34,7 +34,7 @@ _SET_BY_LIBRARIES = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "ddpkit.init() (NCCL's errors surface)",
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "ddpkit.init() (NCCL dumps the recorder on a timeout)",
     "TORCH_FR_DUMP_TEMP_FILE": "ddpkit.init() under an elastic launch (where dumps go)",
-    # kineto reads it when a process first profiles: observe/profiler.py quiets its notices
+    # kineto reads it when a process first profiles: observe/profiling/profiler.py quiets it
     "KINETO_LOG_LEVEL": "a profiled window (kineto's start/stop notices)",
 }
 # mlflow's telemetry would reach for the network from a thread; the tests have none.

@@ -1,7 +1,7 @@
 """A profiled window's grammar, written once: steps ``FIRST-LAST``, ``FIRST`` (then
 :data:`DEFAULT_COUNT` steps) or nothing (:data:`DEFAULT_STEPS`); ranks ``all``, ``slow`` or
 ``0,3``. Torch-free, so that ``ddpkit run``'s flags refuse a bad window before any worker
-starts, with the words the workers' :class:`~ddpkit.observe.profilespec.ProfileSpec` uses.
+starts, with the words the workers' :class:`~ddpkit.observe.profiling.spec.ProfileSpec` uses.
 
 Example:
     >>> parse_steps("200-205"), parse_steps("40"), parse_steps("")

@@ -1,6 +1,6 @@
 """``ddpkit run``'s profiling flags, passed to every worker as its environment.
 
-The workers' training loop reads them (:mod:`ddpkit.observe.profilespec`); only the window's
+The workers' training loop reads them (:mod:`ddpkit.observe.profiling.spec`); only the window's
 form is checked here, so a typo fails before any worker starts.
 
 Example:

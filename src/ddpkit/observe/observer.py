@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from ddpkit.observe.console import Console, SetupLine
-from ddpkit.observe.profiler import RankProfiler, profile_folder
-from ddpkit.observe.profilespec import ProfileSpec
+from ddpkit.observe.profiling.profiler import RankProfiler, profile_folder
+from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.rankreport import RankReport
 from ddpkit.observe.steptime import StepClock
 from ddpkit.observe.trainerstatus import TrainerStatus

@@ -25,8 +25,8 @@ from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
 from ddpkit.observe.observer import RunObserver
-from ddpkit.observe.profiler import profile_folder
-from ddpkit.observe.profilespec import ProfileSpec
+from ddpkit.observe.profiling.profiler import profile_folder
+from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.runtime.callbacks import Callback, Events

@@ -20,7 +20,7 @@ from typing import Any, ForwardRef, Literal, TypedDict, TypeVar, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
-from ddpkit.observe.profilespec import ProfileSpec
+from ddpkit.observe.profiling.spec import ProfileSpec
 
 Precision = Literal["fp32", "bf16", "fp16"]
 NonFiniteLoss = Literal["error", "skip"]
@@ -99,7 +99,7 @@ class LogOptions:
     experiment log (TensorBoard + CSV) in ``log_dir``, the trackers of ``loggers``
     ("mlflow", "wandb" or :class:`~ddpkit.observe.trackers.Tracker` objects), and a
     ``profile`` of a window of steps (``"200-205"`` or a
-    :class:`~ddpkit.observe.profilespec.ProfileSpec`; ``ddpkit run --profile`` wins).
+    :class:`~ddpkit.observe.profiling.spec.ProfileSpec`; ``ddpkit run --profile`` wins).
 
     Example:
         >>> LogOptions(log_every=0)

@@ -20,9 +20,10 @@ import ddpkit
 from ddpkit._core.protocol import CLOCK_SKEW_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
-from ddpkit.observe import chrometrace, clocksync, profilesummary
-from ddpkit.observe.profiler import RankProfiler, _chosen_ranks, profile_folder
-from ddpkit.observe.profilespec import ProfileSpec, parse_ranks
+from ddpkit.observe.profiling import chrometrace, clocksync
+from ddpkit.observe.profiling import summary as profilesummary
+from ddpkit.observe.profiling.profiler import RankProfiler, _chosen_ranks, profile_folder
+from ddpkit.observe.profiling.spec import ProfileSpec, parse_ranks
 from ddpkit.observe.ranktimes import RankTimes
 from ddpkit.observe.steptime import Phase, StepClock
 

@@ -2,7 +2,7 @@
 
 A trace's event times (``ts``, microseconds) count from its ``baseTimeNanoseconds``, the wall
 clock of the host that wrote it. :func:`merge` puts every rank's events on rank 0's clock
-(each rank's measured offset subtracted, :mod:`ddpkit.observe.clocksync`), one process track
+(each rank's measured offset subtracted, :mod:`.clocksync`), one process track
 per rank named with its host, in rank order, so that Perfetto or chrome://tracing opens the
 file as it is. :func:`cap` keeps a trace under a size by dropping its shortest operator
 events first (the long ones are what a slow step is made of).

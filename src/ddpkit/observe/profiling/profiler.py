@@ -3,11 +3,11 @@
 The observer tells :class:`RankProfiler` each optimizer step. When a window begins, each
 profiled rank starts torch.profiler (CPU, and CUDA on a GPU; no shapes, stacks or memory
 unless asked) and taps the step clock for its phases. When it ends, every profiled rank and
-rank 0 measure their clocks against rank 0's (:mod:`ddpkit.observe.clocksync`); each rank
+rank 0 measure their clocks against rank 0's (:mod:`ddpkit.observe.profiling.clocksync`); each rank
 writes its trace, named by host and rank, with torch's ``distributedInfo`` and ddpkit's
 metadata, cut to the size cap, adds its phase track and sums its window
-(:mod:`ddpkit.observe.profilesummary`), then sends both to rank 0 through the store. Rank 0
-writes ``merged.json`` (one track per rank, on its clock: :mod:`ddpkit.observe.chrometrace`)
+(:mod:`ddpkit.observe.profiling.summary`), then sends both to rank 0 through the store. Rank 0
+writes ``merged.json`` (one track per rank, on its clock: :mod:`.chrometrace`)
 and the summary, and says where they are.
 
 A window is set by ``ddpkit run --profile`` / ``profile=`` or asked of a running job: a file
@@ -42,9 +42,10 @@ from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
 from ddpkit.checkpoint.redirect import resolve_log_dir
-from ddpkit.observe import chrometrace, profilesummary
-from ddpkit.observe.clocksync import measure_offset, skew_ns, wall_ns
-from ddpkit.observe.profilespec import DEFAULT_COUNT, ProfileSpec
+from ddpkit.observe.profiling import chrometrace
+from ddpkit.observe.profiling import summary as profilesummary
+from ddpkit.observe.profiling.clocksync import measure_offset, skew_ns, wall_ns
+from ddpkit.observe.profiling.spec import DEFAULT_COUNT, ProfileSpec
 from ddpkit.observe.ranktimes import RankTimes
 from ddpkit.observe.steptime import Phase, StepClock
 from ddpkit.runtime.session import current_world
