@@ -30,8 +30,6 @@ from ddpkit.observe.profiling.profiler import RankProfiler, profile_folder
 from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.rankreport import RankReport
 from ddpkit.observe.steptime import StepClock
-from ddpkit.observe.trainerstatus import TrainerStatus
-from ddpkit.runtime.collectives import is_main
 
 TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
 
@@ -54,8 +52,6 @@ class RunObserver:
         self.profiler = RankProfiler(spec, self.clock, profile_dir or profile_folder(None))
         self.console = Console(log_every)
         self.window = log_every or TIMES_WINDOW  # steps between sharing the times
-        # rank 0 tells a Kubeflow TrainJob's status how far the run is
-        self.status = TrainerStatus.from_environment(os.environ) if is_main() else None
 
     def fit_started(
         self, setup: SetupLine, resumed: Mapping[str, Any] | None, step: int = 0
@@ -69,13 +65,9 @@ class RunObserver:
         """Epoch ``epoch`` (from 0) starts with ``done`` of ``total`` batches behind it."""
         self.console.epoch_started(epoch, epochs, total, done)
         self.ranks.epoch_started()
-        if self.status is not None:
-            self.status.epoch_started(epoch, epochs, total, done)
 
     def batch_done(self) -> None:
         self.console.batch_done()
-        if self.status is not None:
-            self.status.batch_done()
 
     def step_done(
         self,
@@ -93,8 +85,6 @@ class RunObserver:
                 self.profiler.requested(step)
         self.profiler.step_done(step, self.ranks.latest, collective)
         self.console.step_done(where, metrics)
-        if self.status is not None:
-            self.status.report(metrics)
 
     def epoch_times(self, loader: Any) -> dict[str, float]:
         """The epoch's step times and memory, shared by every rank (a collective)."""
@@ -103,12 +93,8 @@ class RunObserver:
     def epoch_done(self, metrics: dict[str, float], epochs: int, trained: bool) -> None:
         """The epoch's line (with the ranks' times when it ``trained`` batches here)."""
         self.console.epoch_done(metrics, epochs, self.ranks.latest if trained else None)
-        if self.status is not None:
-            self.status.report(metrics)
 
     def close(self, finished: bool = True) -> None:
         """The run ends: ``finished`` its epochs, or stopped early."""
         self.profiler.close()
         self.clock.close()
-        if self.status is not None:
-            self.status.close(finished)

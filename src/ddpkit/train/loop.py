@@ -29,6 +29,7 @@ from ddpkit.observe.profiling.profiler import profile_folder
 from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
+from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
@@ -110,7 +111,9 @@ class TrainLoop:
         self.updater = Updater(run, self.precision, self.guard, options)
         self.checkpointer = Checkpointer(saving) if saving.enabled else None
         self.explog = experiment_logs(logging.log_dir, logging.loggers)
-        builtins = [BenchReport(), *([self.explog] if self.explog else [])]
+        # rank 0 tells a Kubeflow TrainJob's status how far the run is, when it runs in one
+        status = TrainJobStatus.from_environment(os.environ, self.position)
+        builtins = [BenchReport(), *(c for c in (self.explog, status) if c is not None)]
         self.events = Events(callbacks, builtins, owner=owner or self)
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
         self.observer = RunObserver(
@@ -135,6 +138,15 @@ class TrainLoop:
     step = property(lambda self: self.run.step, doc="Optimizer steps taken.")
     history = property(lambda self: self.run.history, doc="Each completed epoch's metrics.")
     skipped_steps = property(lambda self: self.run.skipped_steps, doc="Steps skipped (NaN/inf).")
+
+    def position(self) -> RunPosition:
+        """Where the run stands: the epoch in progress (from 0) of how many, its batches done
+        of how many, and whether it stopped early."""
+        progress, loader = self._progress, self.loader
+        epoch = progress.epoch if progress is not None else self.run.epoch
+        done = progress.batches if progress is not None else 0
+        total = batches_in(loader) if loader is not None else None
+        return RunPosition(epoch, max(1, self._epochs), done, total, self.stopped is not None)
 
     def epochs(self, epochs: int, loader: Iterable[Any] | None = None) -> Iterator[int]:
         """The epochs still to train, from 0; resumes from the newest checkpoint first.

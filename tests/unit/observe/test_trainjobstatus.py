@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import ddpkit
-from ddpkit.observe.trainerstatus import CA_ENV, TOKEN_ENV, URL_ENV, TrainerStatus
+from ddpkit.observe.trainjobstatus import CA_ENV, TOKEN_ENV, URL_ENV, RunPosition, TrainJobStatus
 from helpers.https_server import make_certificates, status_server
 
 
@@ -55,12 +55,10 @@ def test_progress_counts_epochs_and_batches_and_posts_at_most_every_few_seconds(
     token.write_text("t")
     now = [0.0]
     with status_server(tmp_path) as server:
-        status = TrainerStatus(server.url, str(server.ca_file), str(token), every_s=5.0,
-                               clock=lambda: now[0])  # fmt: skip
-        status.epoch_started(1, 4, total=10, done=0)
-        for _ in range(5):
-            status.batch_done()
-        assert status.fraction() == pytest.approx(1.5 / 4)
+        where = RunPosition(epoch=1, epochs=4, done=5, total=10)  # as the loop says
+        status = TrainJobStatus(server.url, str(server.ca_file), str(token), lambda: where,
+                                every_s=5.0, clock=lambda: now[0])  # fmt: skip
+        assert status.position().fraction() == pytest.approx(1.5 / 4)
         status.report({"loss": 0.5})
         now[0] = 2.0
         status.report({"loss": 0.4})  # 2 s after the last post: kept for the next

@@ -11,10 +11,11 @@ Rank 0 POSTs ``{"trainerStatus": {"progressPercentage", "estimatedRemainingSecon
 "metrics": [{"name", "value"}], "lastUpdatedTime"}}`` (metric values are strings) at most
 every 5 s, from a thread so that a slow endpoint never slows a step, and once more at the
 end. ``kubectl get trainjob NAME -o jsonpath='{.status.trainerStatus}'`` shows it. A failed
-post is warned about once and training goes on.
+post is warned about once and training goes on. A pure listener: a :class:`Callback` the loop
+adds to its own when the variables are set, asking the loop where the run stands.
 
 Example:
-    >>> TrainerStatus.from_environment({}) is None
+    >>> TrainJobStatus.from_environment({}, lambda: RunPosition(0, 1, 0, None)) is None
     True
 """
 
@@ -27,11 +28,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from ddpkit._core.log import logger
+from ddpkit.runtime.callbacks import Callback
 
 URL_ENV = "KUBEFLOW_TRAINER_SERVER_URL"
 CA_ENV = "KUBEFLOW_TRAINER_SERVER_CA_CERT"
@@ -42,14 +45,35 @@ _MAX_METRICS = 256  # the API's limits: 256 metrics, names and values of 1..64 c
 _MAX_TEXT = 64
 
 
-class TrainerStatus:
-    """Posts a run's progress to the TrainJob's status endpoint.
+@dataclass(frozen=True)
+class RunPosition:
+    """Where a run stands: epoch ``epoch`` (from 0) of ``epochs``, ``done`` of its ``total``
+    batches (None: a loader without a length), and whether it ``stopped`` early.
+
+    Example:
+        >>> RunPosition(1, 4, 5, 10).fraction()
+        0.375
+    """
+
+    epoch: int
+    epochs: int
+    done: int
+    total: int | None
+    stopped: bool = False
+
+    def fraction(self) -> float:
+        """How much of the run is done: epochs and, with a sized loader, batches."""
+        within = self.done / self.total if self.total else 0.0
+        return min(1.0, (self.epoch + min(within, 1.0)) / max(1, self.epochs))
+
+
+class TrainJobStatus(Callback):
+    """Posts a run's progress to the TrainJob's status endpoint, from rank 0.
 
     Example::
 
-        status = TrainerStatus(url, ca_file, token_file)
-        status.epoch_started(0, 10, total=100, done=0)
-        status.batch_done(); status.report({"loss": 0.5})
+        status = TrainJobStatus(url, ca_file, token_file, position=loop.position)
+        status.report({"loss": 0.5})  # at most every ``every_s``; the hooks call it
         status.close(finished=True)
     """
 
@@ -58,35 +82,38 @@ class TrainerStatus:
         url: str,
         ca_file: str,
         token_file: str,
+        position: Callable[[], RunPosition],
         every_s: float = EVERY_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.url, self.token_file = url, Path(token_file)
+        self.url, self.token_file, self.position = url, Path(token_file), position
         self._tls = ssl.create_default_context(cafile=ca_file)
         self.every_s, self._clock = every_s, clock
         self._started = clock()
         self._sent_at: float | None = None
         self._first_fraction: float | None = None
-        self._epoch, self._epochs, self._done = 0, 1, 0
-        self._total: int | None = None
         self._metrics: dict[str, str] = {}
         self._thread: threading.Thread | None = None
         self._warned = False
         self.posted = 0  # successful posts, for the tests and the last line
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> TrainerStatus | None:
+    def from_environment(
+        cls, environ: Mapping[str, str], position: Callable[[], RunPosition]
+    ) -> TrainJobStatus | None:
         """A reporter when the Trainer's three variables are set, else None."""
         if not all(environ.get(name) for name in (URL_ENV, CA_ENV, TOKEN_ENV)):
             return None
-        return cls(environ[URL_ENV], environ[CA_ENV], environ[TOKEN_ENV])
+        return cls(environ[URL_ENV], environ[CA_ENV], environ[TOKEN_ENV], position)
 
-    def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:
-        """Epoch ``epoch`` of ``epochs`` starts, ``done`` of its ``total`` batches behind."""
-        self._epoch, self._epochs, self._total, self._done = epoch, max(1, epochs), total, done
+    def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Mapping[str, Any]) -> None:
+        self.report(metrics)
 
-    def batch_done(self) -> None:
-        self._done += 1
+    def on_train_epoch_end(self, trainer: Any, metrics: dict[str, float]) -> None:
+        self.report(metrics)
+
+    def on_fit_end(self, trainer: Any) -> None:
+        self.close(finished=not self.position().stopped)
 
     def report(self, metrics: Mapping[str, Any]) -> None:
         """Keep ``metrics`` and post, unless a post went out less than ``every_s`` ago."""
@@ -110,7 +137,7 @@ class TrainerStatus:
 
     def body(self, done: bool = False) -> dict[str, Any]:
         """The request's JSON: progress, the time left at this pace, the latest metrics."""
-        fraction = 1.0 if done else self.fraction()
+        fraction = 1.0 if done else self.position().fraction()
         status: dict[str, Any] = {
             "progressPercentage": int(fraction * 100),
             "metrics": [{"name": k, "value": v} for k, v in self._metrics.items()][:_MAX_METRICS],
@@ -120,11 +147,6 @@ class TrainerStatus:
         if remaining is not None:
             status["estimatedRemainingSeconds"] = int(remaining)
         return {"trainerStatus": status}
-
-    def fraction(self) -> float:
-        """How much of the run is done: epochs and, with a sized loader, batches."""
-        within = self._done / self._total if self._total else 0.0
-        return min(1.0, (self._epoch + min(within, 1.0)) / self._epochs)
 
     def _remaining_s(self, fraction: float) -> float | None:
         if self._first_fraction is None:  # a resumed run starts part-way: pace from here
