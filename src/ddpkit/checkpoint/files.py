@@ -37,6 +37,7 @@ import torch
 
 from ddpkit._core.atomicfile import atomic_write, fsync_directory
 from ddpkit.checkpoint.integrity import seal, verify_seal
+from ddpkit.checkpoint.savetimes import SAVE_TIMES_FILE
 from ddpkit.errors import CheckpointError, ConfigError
 
 _NAME = re.compile(r"^epoch_(\d{6,})(?:_step_(\d{6,}))?\.(pt|dcp)$")
@@ -250,13 +251,16 @@ def remove_stale_temporaries(folder: str | os.PathLike[str]) -> list[Path]:
         >>> import tempfile
         >>> folder = Path(tempfile.mkdtemp())
         >>> _ = (folder / ".epoch_000001.pt.ab.tmp").write_bytes(b"")
-        >>> [p.name for p in remove_stale_temporaries(folder)]
-        ['.epoch_000001.pt.ab.tmp']
+        >>> _ = (folder / f".{SAVE_TIMES_FILE}.cd.tmp").write_bytes(b"")
+        >>> sorted(p.name for p in remove_stale_temporaries(folder))
+        ['..save-seconds.json.cd.tmp', '.epoch_000001.pt.ab.tmp']
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    stale = [p for p in folder.iterdir() if p.name.startswith(".epoch_") and p.suffix == ".tmp"]
+    # atomic_write's temporaries: .<final name>.<random>.tmp, of a checkpoint or the save times
+    ours = (".epoch_", f".{SAVE_TIMES_FILE}.")
+    stale = [p for p in folder.iterdir() if p.name.startswith(ours) and p.suffix == ".tmp"]
     for path in stale:
         remove_path(path)
     return stale
