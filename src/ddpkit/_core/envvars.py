@@ -35,12 +35,12 @@ def positive_int_var(name: str, environ: Mapping[str, str] | None = None) -> int
     """A positive integer setting from the environment, or None when unset or empty.
 
     Example:
-        >>> positive_int_var("DDPKIT_MAX_STEPS", {"DDPKIT_MAX_STEPS": "20"})
+        >>> positive_int_var("MAX_STEPS", {"MAX_STEPS": "20"})
         20
-        >>> positive_int_var("DDPKIT_MAX_STEPS", {"DDPKIT_MAX_STEPS": "0"})
+        >>> positive_int_var("MAX_STEPS", {"MAX_STEPS": "0"})
         Traceback (most recent call last):
         ...
-        ddpkit.errors.ConfigError: DDPKIT_MAX_STEPS='0' must be a positive integer
+        ddpkit.errors.ConfigError: MAX_STEPS='0' must be a positive integer
     """
     raw = (os.environ if environ is None else environ).get(name)
     if raw is None or raw == "":
@@ -54,12 +54,12 @@ def seconds_var(name: str, environ: Mapping[str, str] | None = None) -> float | 
     """A duration in seconds (>= 0) from the environment, or None when unset or empty.
 
     Example:
-        >>> seconds_var("DDPKIT_DNS_TIMEOUT", {"DDPKIT_DNS_TIMEOUT": "30"})
+        >>> seconds_var("WAIT_S", {"WAIT_S": "30"})
         30.0
-        >>> seconds_var("DDPKIT_DNS_TIMEOUT", {"DDPKIT_DNS_TIMEOUT": "soon"})
+        >>> seconds_var("WAIT_S", {"WAIT_S": "soon"})
         Traceback (most recent call last):
         ...
-        ddpkit.errors.ConfigError: DDPKIT_DNS_TIMEOUT='soon' must be a number of seconds >= 0
+        ddpkit.errors.ConfigError: WAIT_S='soon' must be a number of seconds >= 0
     """
     raw = (os.environ if environ is None else environ).get(name, "")
     if raw == "":

@@ -14,12 +14,12 @@ Example:
     >>> import os
     >>> str(resolve_checkpoint_dir("runs/wine"))
     'runs/wine'
-    >>> os.environ["DDPKIT_CHECKPOINT_DIR"] = "/tmp/verify-1/checkpoints"
+    >>> os.environ[CHECKPOINT_DIR_ENV] = "/tmp/verify-1/checkpoints"
     >>> str(resolve_checkpoint_dir("runs/wine"))
     '/tmp/verify-1/checkpoints/runs-wine'
     >>> str(resolve_checkpoint_dir(resolve_checkpoint_dir("runs/wine")))
     '/tmp/verify-1/checkpoints/runs-wine'
-    >>> del os.environ["DDPKIT_CHECKPOINT_DIR"]
+    >>> del os.environ[CHECKPOINT_DIR_ENV]
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None
         >>> import ddpkit
         >>> _ = ddpkit.init()
         ddpkit: world size 1 ...
-        >>> reference_world_size({"DDPKIT_VERIFY_AS_WORLD": "2"})
+        >>> reference_world_size({REFERENCE_WORLD_ENV: "2"})
         2
         >>> ddpkit.shutdown()
     """

@@ -33,7 +33,7 @@ def dns_timeout(environ: Mapping[str, str] | None = None) -> float:
     """The deadline for the master's name, from ``DDPKIT_DNS_TIMEOUT`` (seconds; 0: no wait).
 
     Example:
-        >>> dns_timeout({"DDPKIT_DNS_TIMEOUT": "30"})
+        >>> dns_timeout({DNS_TIMEOUT_ENV: "30"})
         30.0
     """
     found = seconds_var(DNS_TIMEOUT_ENV, environ)

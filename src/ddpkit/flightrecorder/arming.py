@@ -10,7 +10,7 @@ bootstrap for plain torchrun scripts) so that a hang can be named at the collect
 Example:
     >>> flight_recorder_defaults({})  # doctest: +ELLIPSIS
     {'TORCH_...BUFFER_SIZE': '2000'}
-    >>> list(flight_recorder_defaults({"DDPKIT_FLIGHT_RECORDER": "0"}).values())
+    >>> list(flight_recorder_defaults({FLIGHT_RECORDER_ENV: "0"}).values())
     ['0']
 """
 
@@ -72,7 +72,7 @@ def arm_flight_recorder(environ: MutableMapping[str, str] | None = None) -> bool
     """Set the defaults in this process's environment; True when the recorder is on.
 
     Example:
-        >>> arm_flight_recorder({"DDPKIT_FLIGHT_RECORDER": "0"})
+        >>> arm_flight_recorder({FLIGHT_RECORDER_ENV: "0"})
         False
         >>> arm_flight_recorder({})
         True

@@ -329,7 +329,7 @@ def resolve_hang_timeout(value: float | None, environ: dict[str, str] | None = N
     """The hang timeout in seconds: ``value``, else DDPKIT_HANG_TIMEOUT, else 600.
 
     Example:
-        >>> resolve_hang_timeout(None, {"DDPKIT_HANG_TIMEOUT": "30"})
+        >>> resolve_hang_timeout(None, {HANG_TIMEOUT_ENV: "30"})
         30.0
     """
     env = os.environ if environ is None else environ

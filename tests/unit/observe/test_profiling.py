@@ -18,12 +18,13 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import ddpkit
 from ddpkit._core.protocol import CLOCK_SKEW_ENV
+from ddpkit._core.stepwindow import parse_ranks
 from ddpkit.errors import ConfigError
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.observe.profiling import chrometrace, clocksync
 from ddpkit.observe.profiling import summary as profilesummary
 from ddpkit.observe.profiling.profiler import RankProfiler, _chosen_ranks, profile_folder
-from ddpkit.observe.profiling.spec import ProfileSpec, parse_ranks
+from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.ranktimes import RankTimes
 from ddpkit.observe.steptime import Phase, StepClock
 

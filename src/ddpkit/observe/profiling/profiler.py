@@ -41,11 +41,12 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile
 from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import PROFILE_DIR_ENV
+from ddpkit._core.stepwindow import DEFAULT_COUNT
 from ddpkit.checkpoint.redirect import resolve_log_dir
 from ddpkit.observe.profiling import chrometrace
 from ddpkit.observe.profiling import summary as profilesummary
 from ddpkit.observe.profiling.clocksync import measure_offset, skew_ns, wall_ns
-from ddpkit.observe.profiling.spec import DEFAULT_COUNT, ProfileSpec
+from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.ranktimes import RankTimes
 from ddpkit.observe.steptime import Phase, StepClock
 from ddpkit.runtime.session import current_world

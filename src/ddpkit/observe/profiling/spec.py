@@ -25,17 +25,13 @@ from ddpkit._core.protocol import (
     PROFILE_STACKS_ENV,
 )
 from ddpkit._core.stepwindow import (
-    DEFAULT_COUNT,
     DEFAULT_MAX_MB,
-    DEFAULT_STEPS,
     RankChoice,
     check_steps,
     parse_ranks,
     parse_steps,
 )
 from ddpkit.errors import ConfigError
-
-__all__ = ["DEFAULT_COUNT", "DEFAULT_MAX_MB", "DEFAULT_STEPS", "ProfileSpec", "parse_ranks"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +74,7 @@ class ProfileSpec:
         """The window ``ddpkit run --profile`` set for the workers, or None.
 
         Example:
-            >>> ProfileSpec.from_environment({"DDPKIT_PROFILE": "3-4"}).describe()
+            >>> ProfileSpec.from_environment({PROFILE_ENV: "3-4"}).describe()
             'steps 3-4 on every rank'
         """
         if PROFILE_ENV not in environ:

@@ -228,7 +228,7 @@ def grace_from(environ: Mapping[str, str]) -> float | None:
     """The grace period the pod spec declared (``DDPKIT_GRACE_PERIOD``), if any.
 
     Example:
-        >>> grace_from({"DDPKIT_GRACE_PERIOD": "120"})
+        >>> grace_from({GRACE_PERIOD_ENV: "120"})
         120.0
     """
     return seconds_var(GRACE_PERIOD_ENV, environ)
