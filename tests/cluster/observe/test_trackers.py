@@ -177,6 +177,10 @@ def test_a_parameter_changed_on_resume_is_a_wandb_config_key_beside_the_first_va
     # Each job's process ends, and W&B's service with it: only then are its files whole
     # (read right after finish(), a run's file is at times still empty).
     wandb.teardown()
+    # W&B names an offline folder by its start second and the run's id: two starts of one
+    # run in the same second share a folder (a fresh-clone make test saw it). A restarted job
+    # is a new process that imports and meets first, so it never does; the test waits too.
+    time.sleep(1.05 - time.time() % 1)
     resumed = WandbLogger(project="changed-params", mode="offline", dir=tmp_path)
     resumed.start(first.run_id, step=RESUMED_AT)
     resumed.log_params(RESUMED, step=RESUMED_AT)
