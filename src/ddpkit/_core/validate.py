@@ -35,3 +35,15 @@ def check_positive_int(name: str, value: object) -> None:
     """
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+
+
+def check_seconds(name: str, value: object) -> float:
+    """``value`` as seconds, refusing anything but a number >= 0 (NaN and bools too).
+
+    Example:
+        >>> check_seconds("hang_timeout", 30)
+        30.0
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 (got {value!r})")
+    return float(value)

@@ -24,6 +24,7 @@ from typing import Any
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from ddpkit._core.protocol import (
+    HANG_EXIT_CODE,
     SAME_CALLS_FIX,
     RecordKind,
     error_call,
@@ -148,7 +149,9 @@ class Diagnosis:
             lines[:0] = [f"collectives: {verdict.line}", f"fix: {verdict.fix}"]
         return WorkerFailedError(
             rank=cause.rank,
-            exitcode=cause.exitcode,
+            # a reported hang ends the job with its own code, whatever the reporting rank's
+            # exit raced with (a peer gone first fails its collective): policies act on it
+            exitcode=HANG_EXIT_CODE if cause.kind is RecordKind.HANG else cause.exitcode,
             detail="\n".join(lines),
             headline=_headline(cause, same, self.finished),
             # every failure here echoes a peer's, and no rank here finished early (a rank that

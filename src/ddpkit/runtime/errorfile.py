@@ -44,24 +44,29 @@ def install_error_file_hook() -> None:
             if mismatch:  # torch's own text is one 1,000-character line; lead with the gist
                 logger.error(mismatch, extra=EVERY_RANK)
                 stack = f"{mismatch}\n{stack}"
-            record_failure(mismatch or f"{kind.__name__}: {exc}", stack)
+            # A hang report or stop written first is the cause; this exception its echo
+            # (the collective failed when a peer left after the report).
+            record_failure(mismatch or f"{kind.__name__}: {exc}", stack, keep_failure=True)
         previous(kind, exc, tb)
 
     hook._ddpkit = True  # type: ignore[attr-defined]
     sys.excepthook = hook
 
 
-def record_failure(message: str, details: str, kind: RecordKind = RecordKind.ERROR) -> None:
+def record_failure(
+    message: str, details: str, kind: RecordKind = RecordKind.ERROR, keep_failure: bool = False
+) -> None:
     """Write this worker's failure (or stop, or state) where torch's elastic agent and ddpkit
     run read it.
 
     A no-op outside an elastic launch. ``message`` is the headline; ``details`` is the text
     (a traceback, a hang report) the launcher prints for the rank it blames; ``kind`` what
-    the record is. A state record (training) never replaces a failure already written.
+    the record is. A state record (training) never replaces a failure already written, nor
+    does any record with ``keep_failure``.
 
     Example:
         >>> record_failure("stopped by SIGTERM", "...", RecordKind.PREEMPTED)  # no-op here
     """
     calls = None if kind.is_state else recent_collectives()  # the collectives it was in
     record = error_record(message, details, kind=kind, collectives=calls)
-    write_error_file(record, keep_existing=kind.is_state)
+    write_error_file(record, keep_existing=kind.is_state or keep_failure)

@@ -36,11 +36,12 @@ from typing import Any
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
+from ddpkit._core.envvars import seconds_var
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import ERROR_FILE_ENV, HANG_EXIT_CODE, HANG_TIMEOUT_ENV, RecordKind
 from ddpkit._core.system import flush_and_exit
 from ddpkit._core.tracebacks import thread_stack
-from ddpkit.errors import ConfigError
+from ddpkit._core.validate import check_seconds
 from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.hangreport import State, compose_report, describe_activity
@@ -86,6 +87,7 @@ class Watchdog:
         self._training_thread = threading.get_ident()
         self._backstop_armed = False
         self._stopped = threading.Event()
+        self._leaving = threading.Event()  # an alarm is being handled: this rank exits 124
         self._thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
 
     def begin(self, label: str) -> _Activity | None:
@@ -140,7 +142,11 @@ class Watchdog:
         """
         self._stopped.set()
         if self._thread.is_alive() and threading.get_ident() != self._thread.ident:
-            self._thread.join(timeout=self.poll_s + _STORE_OP_TIMEOUT_S)
+            self._thread.join(timeout=self._join_timeout_s())
+            # A peer that left after the report made this rank's collective fail and its
+            # script exit: the hang, not that echo, is this rank's outcome (and exit code).
+            if self._leaving.is_set() and self._thread.is_alive():
+                self.exit(HANG_EXIT_CODE)
         if finished:
             self._say_finished()
         # After the join: a poll under way could otherwise arm the timer again, and it would
@@ -149,6 +155,12 @@ class Watchdog:
             with contextlib.suppress(Exception):
                 faulthandler.cancel_dump_traceback_later()
             self._backstop_armed = False
+
+    def _join_timeout_s(self) -> float:
+        """How long stop() waits for the thread: a poll, or a whole report or answer."""
+        if not self._leaving.is_set():
+            return self.poll_s + _STORE_OP_TIMEOUT_S
+        return self.grace_s + 2 * self.poll_s + 3 * _STORE_OP_TIMEOUT_S
 
     def check_once(self) -> None:
         """One look: answer another rank's alarm, or raise ours if an activity is too old."""
@@ -173,6 +185,7 @@ class Watchdog:
             logger.error(f"hang watchdog stopped: {err!r}", extra=EVERY_RANK)
 
     def _report_hang(self) -> None:
+        self._leaving.set()
         first = self._store_call(lambda s: s.add(_ALARM, 1), default=1) == 1
         if not first:
             self._answer()
@@ -189,6 +202,7 @@ class Watchdog:
         self._leave()
 
     def _answer(self) -> None:
+        self._leaving.set()
         state = self._publish()
         reporter = self._store_call(_reporter_of, default="another rank")
         line = f"rank {self.rank}: hang reported by {reporter}; here: {describe_activity(state)}"
@@ -332,16 +346,10 @@ def resolve_hang_timeout(value: float | None, environ: dict[str, str] | None = N
         >>> resolve_hang_timeout(None, {HANG_TIMEOUT_ENV: "30"})
         30.0
     """
-    env = os.environ if environ is None else environ
-    raw: object = value if value is not None else env.get(HANG_TIMEOUT_ENV, DEFAULT_HANG_TIMEOUT_S)
-    try:
-        timeout = float(raw)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        timeout = -1.0
-    if not timeout >= 0:
-        source = "hang_timeout" if value is not None else HANG_TIMEOUT_ENV
-        raise ConfigError(f"{source} must be a number of seconds >= 0 (0: off); got {raw!r}")
-    return timeout
+    if value is not None:
+        return check_seconds("hang_timeout (0: off)", value)
+    from_env = seconds_var(HANG_TIMEOUT_ENV, environ)
+    return DEFAULT_HANG_TIMEOUT_S if from_env is None else from_env
 
 
 def _own_connection(store: Store | None) -> Store | None:

@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from ddpkit._core.protocol import RecordKind, error_record
+from ddpkit._core.protocol import HANG_EXIT_CODE, RecordKind, error_record
 from ddpkit.errors import PreemptedError
 from ddpkit.launch.failures import is_echo, root_cause
 from ddpkit.launch.launcher import launch_outcome
@@ -241,3 +241,15 @@ def test_a_node_whose_workers_only_echo_a_lost_peer_exits_retriable(
 
         monkeypatch.setattr("ddpkit.launch.command.main", fail)
         assert cli.main(["run", "--nproc", "1", "examples/wine.py"]) == code
+
+
+def test_a_reported_hang_ends_the_job_with_the_hang_code_whatever_the_rank_exited(
+    tmp_path: Path,
+) -> None:
+    # The reporter's script failed when its peer left after the report (exit 1): the job
+    # still says hang (124), the code restart policies act on.
+    file0 = write_error_file(tmp_path, 0, "hang: rank 0 waited 5 s in the metric",
+                             kind=RecordKind.HANG)  # fmt: skip
+    err = ChildFailedError("train", {0: failure(0, 1, str(file0)), 1: failure(1, 124)})
+    blamed = root_cause(err, tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (0, HANG_EXIT_CODE)

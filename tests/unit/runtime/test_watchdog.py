@@ -98,6 +98,37 @@ def test_a_second_rank_to_time_out_answers_instead_of_reporting_again(capfd) -> 
     assert json.loads(bytes(store.get("state/1")))["doing"] == "step 2: forward"
 
 
+def answering_dog(store, monkeypatch) -> Watchdog:
+    """A running rank-0 dog that answers an alarm whose report never comes: it waits its
+    deadline (grace + 2 polls, 2.4 s) for the report, then leaves."""
+    monkeypatch.setattr(ddpkit.runtime.watchdog, "_STORE_OP_TIMEOUT_S", 0.05)
+    store.add("alarm", 1)
+    dog = make_dog(store, timeout=2)  # polls every 0.2 s
+    dog.grace_s = 2.0
+    dog.start()
+    deadline = time.monotonic() + 10
+    while not store.check(["state/0"]) and time.monotonic() < deadline:
+        time.sleep(0.02)  # until it has published its answer and waits for the report
+    return dog
+
+
+def test_a_script_that_exits_during_an_answer_exits_with_the_hang_code(monkeypatch) -> None:
+    # The reporter left, so this rank's collective failed and its script ends (the exit
+    # handlers stop the watchdog): it leaves with the hang's code, not the echo's 1.
+    dog = answering_dog(PrefixStore("hang/", HashStore()), monkeypatch)
+    dog.stop()  # waits for the answer to end, past a poll's wait
+    assert dog.exits == [HANG_EXIT_CODE]
+
+
+def test_an_answer_that_outlasts_the_wait_still_ends_the_rank_with_the_hang_code(
+    monkeypatch,
+) -> None:
+    dog = answering_dog(PrefixStore("hang/", HashStore()), monkeypatch)
+    monkeypatch.setattr(dog, "_join_timeout_s", lambda: 0.05)
+    dog.stop()
+    assert dog.exits == [HANG_EXIT_CODE]  # from stop(), while the thread still waits
+
+
 def test_without_a_store_a_single_process_still_reports_itself(capfd) -> None:
     dog = make_dog(None, world_size=1)
     dog.begin("step 7: loading the batch")
@@ -140,8 +171,10 @@ def test_only_torch_and_ddpkit_files_are_library_frames() -> None:
 
 @pytest.mark.parametrize("value", ["-1", "soon", "nan"])
 def test_a_bad_hang_timeout_is_a_clear_error(value: str) -> None:
-    with pytest.raises(ConfigError, match="DDPKIT_HANG_TIMEOUT must be a number of seconds >= 0"):
+    with pytest.raises(ConfigError, match=r"DDPKIT_HANG_TIMEOUT='.*' must be a number of seconds"):
         resolve_hang_timeout(None, {"DDPKIT_HANG_TIMEOUT": value})
+    with pytest.raises(ConfigError, match=r"hang_timeout \(0: off\) must be a number of seconds"):
+        resolve_hang_timeout(float(value) if value != "soon" else value, {})  # type: ignore[arg-type]
 
 
 def test_the_default_timeout_is_generous_and_zero_turns_it_off() -> None:
