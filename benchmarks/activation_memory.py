@@ -44,9 +44,9 @@ def make_model(width: int, blocks: int) -> nn.Module:
 CONFIGS: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": "ddp"},
     "ddp + recompute": {"strategy": "ddp", "activation_checkpointing": (Block,)},
-    "fsdp": {"strategy": "fsdp", "fsdp_units": (Block,)},
+    "fsdp": {"strategy": ddpkit.FSDPStrategy(units=(Block,))},
     "fsdp + recompute": {
-        "strategy": "fsdp", "fsdp_units": (Block,), "activation_checkpointing": True,
+        "strategy": ddpkit.FSDPStrategy(units=(Block,)), "activation_checkpointing": True,
     },
 }  # fmt: skip
 

@@ -52,7 +52,7 @@ def prepare(way: str, width: int, blocks: int, weights: str) -> int:
             model = make_model(width, blocks)
     else:
         model = make_model(width, blocks)
-    ddpkit.prepare_model(model, "fsdp", fsdp_units=(Block,), weights=weights)
+    ddpkit.prepare_model(model, ddpkit.FSDPStrategy(units=(Block,)), weights=weights)
     return peak_memory_bytes(device) - before
 
 

@@ -206,7 +206,7 @@ def variants(workload: str) -> dict[str, Any]:
         "ddpkit compiled": lambda cfg: ddpkit_run(cfg, {"compile": True}),
     }
     if workload == "mlp":
-        tuned = {"comm_hook": "bf16", "bucket_cap_mb": 50}
+        tuned = {"strategy": ddpkit.DDPStrategy(comm_hook="bf16", bucket_cap_mb=50)}
         found["ddpkit tuned"] = lambda cfg: ddpkit_run(cfg, tuned)
     if importlib.util.find_spec("accelerate") is not None:  # the optional `peers` extra
         found["accelerate"] = lambda cfg: peer_run(cfg, accelerate_worker)

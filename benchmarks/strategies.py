@@ -32,15 +32,15 @@ import ddpkit
 
 def configs(hsdp_shard_size: int) -> dict[str, dict[str, Any]]:
     """The configurations compared; HSDP shards over ``hsdp_shard_size`` ranks per replica."""
-    sharded: dict[str, Any] = {"fsdp_units": (nn.Linear,)}
+    units = (nn.Linear,)
     return {
         "ddp": {"strategy": "ddp"},
-        "ddp + bf16 hook": {"strategy": "ddp", "comm_hook": "bf16"},
-        "fsdp": {"strategy": "fsdp", **sharded},
+        "ddp + bf16 hook": {"strategy": ddpkit.DDPStrategy(comm_hook="bf16")},
+        "fsdp": {"strategy": ddpkit.FSDPStrategy(units=units)},
         f"hsdp (shard {hsdp_shard_size})": {
-            "strategy": "hsdp", "hsdp_shard_size": hsdp_shard_size, **sharded,
+            "strategy": ddpkit.HSDPStrategy(units=units, shard_size=hsdp_shard_size),
         },
-    }  # fmt: skip
+    }
 
 
 def make_mlp(width: int) -> nn.Module:

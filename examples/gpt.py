@@ -196,14 +196,15 @@ def build(config: GPTConfig, args: argparse.Namespace) -> GPT:
 
 def prepare(model: GPT, args: argparse.Namespace) -> nn.Module:
     """Wrap for the strategy asked; a sharded strategy makes each Block an FSDP unit."""
-    options: dict[str, object] = {}
-    if args.strategy != "ddp":
-        options["fsdp_units"] = (Block,)
-    if args.hsdp_shard_size:
-        options["hsdp_shard_size"] = args.hsdp_shard_size
-    if args.activation_checkpointing:
-        options["activation_checkpointing"] = (Block,)
-    return ddpkit.prepare_model(model, args.strategy, weights=args.weights, **options)
+    strategies = {
+        "ddp": ddpkit.DDPStrategy(),
+        "fsdp": ddpkit.FSDPStrategy(units=(Block,)),
+        "hsdp": ddpkit.HSDPStrategy(units=(Block,), shard_size=args.hsdp_shard_size),
+    }
+    recompute = (Block,) if args.activation_checkpointing else False
+    return ddpkit.prepare_model(
+        model, strategies[args.strategy], weights=args.weights, activation_checkpointing=recompute
+    )
 
 
 def main() -> None:

@@ -83,14 +83,20 @@ def parse_args() -> argparse.Namespace:
         help="experiment trackers too (MLFLOW_TRACKING_URI, WANDB_MODE, ... configure them)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args()
+    for flag, owner in (("comm_hook", "ddp"), ("hsdp_shard_size", "hsdp")):
+        if getattr(args, flag) and args.strategy != owner:
+            parser.error(f"--{flag.replace('_', '-')} is for --strategy {owner}")
+    return args
 
 
-def strategy_options(args: argparse.Namespace) -> dict[str, object]:
-    options: dict[str, object] = {"comm_hook": args.comm_hook} if args.comm_hook else {}
-    if args.hsdp_shard_size:
-        options["hsdp_shard_size"] = args.hsdp_shard_size
-    return options
+def strategy(args: argparse.Namespace) -> object:
+    """--strategy by name, or as its object with the options given for it."""
+    if args.strategy == "ddp" and args.comm_hook:
+        return ddpkit.DDPStrategy(comm_hook=args.comm_hook)
+    if args.strategy == "hsdp" and args.hsdp_shard_size:
+        return ddpkit.HSDPStrategy(shard_size=args.hsdp_shard_size)
+    return args.strategy
 
 
 def trackers(args: argparse.Namespace) -> list[ddpkit.Tracker]:
@@ -103,9 +109,7 @@ def main() -> None:
     args = parse_args()
     ddpkit.init(seed=args.seed)  # the same model on every rank; DDP/FSDP broadcast it too
     train_set, test_set = load_data()
-    model = ddpkit.prepare_model(
-        make_model(), args.strategy, compile=args.compile, **strategy_options(args)
-    )
+    model = ddpkit.prepare_model(make_model(), strategy(args), compile=args.compile)
     plan = ddpkit.plan_batch(
         args.batch_size,
         args.batch_policy,

@@ -32,7 +32,6 @@ from ddpkit.errors import (
 )
 
 if TYPE_CHECKING:
-    from ddpkit.checkpoint.export import export_checkpoint
     from ddpkit.data.batches import to_device
     from ddpkit.data.loader import BatchPlan, plan_batch, prepare_loader
     from ddpkit.data.metricsgather import gather_for_metrics
@@ -41,6 +40,10 @@ if TYPE_CHECKING:
     from ddpkit.launch.launcher import spawn
     from ddpkit.observe.explog import ExperimentLog
     from ddpkit.observe.trackers import MLflowLogger, Tracker, WandbLogger
+    from ddpkit.parallel.ddp import DDPStrategy
+    from ddpkit.parallel.fsdp import FSDPStrategy
+    from ddpkit.parallel.hsdp import HSDPStrategy
+    from ddpkit.parallel.recompute import ActivationCheckpointing
     from ddpkit.parallel.strategy import prepare_model, unwrap_model
     from ddpkit.runtime.allgather import all_gather
     from ddpkit.runtime.callbacks import Callback
@@ -64,7 +67,6 @@ __version__ = "0.1.0"
 
 # Public name -> the module that defines it, imported when the name is first used.
 _LAZY = {
-    "export_checkpoint": "ddpkit.checkpoint.export",
     "to_device": "ddpkit.data.batches",
     "gather_for_metrics": "ddpkit.data.metricsgather",
     "BatchPlan": "ddpkit.data.loader",
@@ -73,6 +75,10 @@ _LAZY = {
     "sample_generator": "ddpkit.data.samples",
     "World": "ddpkit.env.world",
     "spawn": "ddpkit.launch.launcher",
+    "DDPStrategy": "ddpkit.parallel.ddp",
+    "FSDPStrategy": "ddpkit.parallel.fsdp",
+    "HSDPStrategy": "ddpkit.parallel.hsdp",
+    "ActivationCheckpointing": "ddpkit.parallel.recompute",
     "prepare_model": "ddpkit.parallel.strategy",
     "unwrap_model": "ddpkit.parallel.strategy",
     "all_reduce_mean": "ddpkit.runtime.collectives",
@@ -116,13 +122,17 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "ActivationCheckpointing",
     "BatchPlan",
     "Callback",
     "CheckpointError",
     "CollectiveMismatchError",
     "ConfigError",
+    "DDPStrategy",
     "DdpkitError",
     "ExperimentLog",
+    "FSDPStrategy",
+    "HSDPStrategy",
     "MLflowLogger",
     "MainRankStalledError",
     "NotInitializedError",
@@ -140,7 +150,6 @@ __all__ = [
     "all_reduce_sum",
     "barrier",
     "current_world",
-    "export_checkpoint",
     "gather_for_metrics",
     "get_rank",
     "init",

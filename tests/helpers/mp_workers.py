@@ -161,7 +161,8 @@ class TwoHeads(nn.Module):
 def train_two_heads(find_unused_parameters: bool) -> str:
     """Two epochs on TwoHeads; returns 'ok' or the error ddpkit raised."""
     ddpkit.init(timeout=60)
-    model = ddpkit.prepare_model(TwoHeads(), find_unused_parameters=find_unused_parameters)
+    strategy = ddpkit.DDPStrategy(find_unused_parameters=find_unused_parameters)
+    model = ddpkit.prepare_model(TwoHeads(), strategy)
     trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
     try:
         trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=4), epochs=2)

@@ -19,6 +19,16 @@ from helpers.mp_workers import crash_before_step, toy_dataset, toy_model
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+def with_options(strategy: str, **options: Any) -> Any:
+    """``strategy`` as its object holding the ``options`` given (None or () left out); by name
+    when there are none."""
+    given = {name: value for name, value in options.items() if value not in (None, ())}
+    if not given:
+        return strategy
+    kinds = {"ddp": ddpkit.DDPStrategy, "fsdp": ddpkit.FSDPStrategy, "hsdp": ddpkit.HSDPStrategy}
+    return kinds[strategy](**given)
+
+
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """Whole parameters on CPU, whatever the strategy (FSDP's shards are gathered: collective)."""
     state = ddpkit.unwrap_model(model).state_dict()
@@ -46,7 +56,7 @@ def train_toy(
     world = ddpkit.init(timeout=60)
     model = toy_model(seed=world.rank if seed_per_rank else 0)
     units = (nn.Linear,) if strategy == "fsdp" else ()
-    model = ddpkit.prepare_model(model, strategy, fsdp_units=units)
+    model = ddpkit.prepare_model(model, with_options(strategy, units=units))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     trainer = ddpkit.Trainer(
         model, optimizer, F.cross_entropy, folder, save_every=save_every, clip_grad_norm=clip,
@@ -87,7 +97,7 @@ def wine_accuracy(comm_hooks: list[str | None], epochs: int, precision: str = "f
     accuracies = []
     for hook in comm_hooks:
         torch.manual_seed(0)
-        model = ddpkit.prepare_model(wine.make_model(), comm_hook=hook)
+        model = ddpkit.prepare_model(wine.make_model(), with_options("ddp", comm_hook=hook))
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, precision=precision)
         trainer.fit(ddpkit.prepare_loader(train_set, batch_size=32), epochs=epochs)
@@ -152,6 +162,7 @@ def strategy_errors() -> dict[str, str]:
     for name, request in {
         "dp": lambda: ddpkit.prepare_model(toy_model(), "dp"),
         "hook_on_fsdp": lambda: ddpkit.prepare_model(toy_model(), "fsdp", comm_hook="bf16"),
+        "hook_on_fsdp_object": lambda: ddpkit.FSDPStrategy(comm_hook="bf16"),
         "global_odd": lambda: ddpkit.plan_batch(7, "global"),
     }.items():
         try:
@@ -169,7 +180,7 @@ def two_optimizers_resumed(strategy: str, folder: str) -> dict[str, Any]:
 
     def fit(where: str, epochs: int) -> dict[str, torch.Tensor]:
         units = (nn.Linear,) if strategy == "fsdp" else ()
-        model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=units)
+        model = ddpkit.prepare_model(toy_model(), with_options(strategy, units=units))
         layers = ddpkit.unwrap_model(model)
         optimizers = {
             "first": torch.optim.Adam(layers[0].parameters(), lr=1e-2),
@@ -208,8 +219,8 @@ def train_hybrid(
     the optimizer steps this run took. ``shard_size`` goes to HSDP; ``crash_at=S`` raises
     before optimizer step S."""
     ddpkit.init(timeout=60)
-    options = {"hsdp_shard_size": shard_size} if shard_size else {}
-    model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=(nn.Linear,), **options)
+    sharded = with_options(strategy, units=(nn.Linear,), shard_size=shard_size)
+    model = ddpkit.prepare_model(toy_model(), sharded)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     counted = CountBatches()
     trainer = ddpkit.Trainer(
@@ -234,12 +245,12 @@ def gpt_with_recompute(
     Block runs its forward again in backward, and a compiled model leaves Dynamo graphs."""
     ddpkit.init(timeout=120, seed=0)
     gpt = load_example("gpt")
-    options: dict[str, Any] = {"fsdp_units": (gpt.Block,)} if strategy != "ddp" else {}
-    if recompute:
-        options["activation_checkpointing"] = (gpt.Block,)
+    units = (gpt.Block,) if strategy != "ddp" else ()
+    options: dict[str, Any] = {"activation_checkpointing": (gpt.Block,)} if recompute else {}
     if compile_options is not None:
         options["compile"] = compile_options
-    model = ddpkit.prepare_model(gpt.GPT(gpt.GPTConfig()), strategy, **options)
+    model = ddpkit.prepare_model(gpt.GPT(gpt.GPTConfig()), with_options(strategy, units=units),
+                                 **options)  # fmt: skip
     blocks = [m for m in ddpkit.unwrap_model(model).modules() if isinstance(m, gpt.Block)]
     # Not counted when compiled: Dynamo cannot trace a hook's side effect inside a checkpointed
     # block, and would run the whole forward eagerly, the very thing that run must rule out.
@@ -289,10 +300,9 @@ def started_on_meta(strategy: str, weights: str, shard_size: int | None = None) 
     gpt = load_example("gpt")
     with torch.device("meta"):
         model = gpt.GPT(gpt.GPTConfig())
-    options: dict[str, Any] = {"fsdp_units": (gpt.Block,)} if strategy != "ddp" else {}
-    if shard_size:
-        options["hsdp_shard_size"] = shard_size
-    model = ddpkit.prepare_model(model, strategy, weights=weights, **options)
+    units = (gpt.Block,) if strategy != "ddp" else ()
+    sharded = with_options(strategy, units=units, shard_size=shard_size)
+    model = ddpkit.prepare_model(model, sharded, weights=weights)
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
     return {"state": full_state(model), "local": local}
 
@@ -302,8 +312,8 @@ def sharded_with_policy(strategy: str, mixed_precision: str | None) -> dict[str,
     start-up line, the dtypes a Linear computes in, the sharded parameters' and their
     gradients' dtypes, and the final whole parameters."""
     world = ddpkit.init(timeout=60)
-    options = {"mixed_precision": mixed_precision} if mixed_precision else {}
-    model = ddpkit.prepare_model(toy_model(), strategy, fsdp_units=(nn.Linear,), **options)
+    sharded = with_options(strategy, units=(nn.Linear,), mixed_precision=mixed_precision)
+    model = ddpkit.prepare_model(toy_model(), sharded)
     seen: list[str] = []
     first = ddpkit.unwrap_model(model)[0]
     first.register_forward_hook(lambda _m, args, out: seen.append(str(out.dtype)))

@@ -17,11 +17,12 @@ import ddpkit
 from ddpkit.train.options import CheckpointOptions, LogOptions, LoopKeywords, LoopOptions
 
 PUBLIC_NAMES = {
-    "BatchPlan", "Callback", "CheckpointError", "CollectiveMismatchError", "ConfigError",
-    "DdpkitError", "ExperimentLog", "MLflowLogger", "MainRankStalledError",
+    "ActivationCheckpointing", "BatchPlan", "Callback", "CheckpointError",
+    "CollectiveMismatchError", "ConfigError", "DDPStrategy", "DdpkitError", "ExperimentLog",
+    "FSDPStrategy", "HSDPStrategy", "MLflowLogger", "MainRankStalledError",
     "NotInitializedError", "RendezvousError", "ReplicaDivergenceError", "Tracker", "TrainLoop",
     "Trainer", "WandbLogger", "WorkerFailedError", "World", "__version__", "all_gather",
-    "all_reduce_mean", "all_reduce_sum", "barrier", "current_world", "export_checkpoint",
+    "all_reduce_mean", "all_reduce_sum", "barrier", "current_world",
     "gather_for_metrics", "get_rank", "init", "is_main", "main_first", "plan_batch",
     "prepare_loader", "prepare_model", "print0", "rank_zero_only", "sample_generator",
     "seed_everything", "shutdown", "spawn", "to_device", "unwrap_model", "watch",
@@ -36,9 +37,8 @@ LOOP_KEYWORDS = [
 KEYWORDS = {
     "init": ["backend", "timeout", "init_method", "rank", "world_size", "join_timeout", "seed",
              "hang_timeout"],
-    "prepare_model": ["model", "strategy", "sync_batchnorm", "comm_hook", "fsdp_units",
-                      "compile", "activation_checkpointing", "activation_checkpointing_every",
-                      "weights", "ddp_options"],
+    "prepare_model": ["model", "strategy", "sync_batchnorm", "compile",
+                      "activation_checkpointing", "weights"],
     "prepare_loader": ["dataset", "batch_size", "shuffle", "batch_policy", "uneven", "seed",
                        "loader_kwargs"],
     "Trainer": ["model", "optimizer", "loss_fn", "checkpoint_dir", "training_step",
@@ -46,6 +46,15 @@ KEYWORDS = {
                 "scheduler_interval", *LOOP_KEYWORDS],
     "TrainLoop": ["state", "checkpoint_dir", "callbacks", *LOOP_KEYWORDS],
     "spawn": ["fn", "nprocs", "args", "nnodes", "node_rank", "master"],
+}  # fmt: skip
+
+# Each strategy's options, on its object (``prepare_model(model, ddpkit.FSDPStrategy(...))``).
+STRATEGY_OPTIONS = {
+    "DDPStrategy": ["bucket_cap_mb", "find_unused_parameters", "static_graph",
+                    "gradient_as_bucket_view", "broadcast_buffers", "comm_hook"],
+    "FSDPStrategy": ["units", "mixed_precision", "reshard_after_forward"],
+    "HSDPStrategy": ["units", "mixed_precision", "reshard_after_forward", "shard_size"],
+    "ActivationCheckpointing": ["blocks", "every"],
 }  # fmt: skip
 
 
@@ -58,6 +67,19 @@ def test_the_top_level_names_are_the_pinned_ones() -> None:
 @pytest.mark.parametrize("name", sorted(KEYWORDS))
 def test_the_keywords_of_each_call_are_the_pinned_ones(name: str) -> None:
     assert list(inspect.signature(getattr(ddpkit, name)).parameters) == KEYWORDS[name]
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGY_OPTIONS))
+def test_the_options_of_each_strategy_are_the_pinned_ones(name: str) -> None:
+    assert list(inspect.signature(getattr(ddpkit, name)).parameters) == STRATEGY_OPTIONS[name]
+
+
+def test_offline_tools_live_in_their_subpackage() -> None:
+    import ddpkit.checkpoint
+
+    assert "export_checkpoint" in ddpkit.checkpoint.__all__ and "export_checkpoint" not in dir(
+        ddpkit
+    )
 
 
 def test_the_pinned_loop_keywords_are_the_loops_own() -> None:

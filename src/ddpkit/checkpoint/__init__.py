@@ -1,10 +1,11 @@
 """Checkpoint files: named by position, written atomically, sealed with a checksum.
 
 This package's public face is the file API of :mod:`ddpkit.checkpoint.files`, re-exported
-here (``ddpkit.checkpoint.load_checkpoint`` and friends), and :func:`checkpoint_folder`, a
-run's checkpoints in a folder or an object store (``s3://...``). Sharded FSDP checkpoints
-(:mod:`ddpkit.checkpoint.sharded`, torch's DCP) are imported only when an FSDP model is saved
-or resumed, so importing this package stays cheap.
+here (``ddpkit.checkpoint.load_checkpoint`` and friends), :func:`checkpoint_folder`, a run's
+checkpoints in a folder or an object store (``s3://...``), and :func:`export_checkpoint`, the
+offline tool that writes a checkpoint's model weights as one file (``ddpkit export``).
+Sharded FSDP checkpoints (:mod:`ddpkit.checkpoint.sharded`, torch's DCP) are imported only
+when an FSDP model is saved or resumed, so importing this package stays cheap.
 
 Example:
     >>> import tempfile, torch
@@ -15,6 +16,7 @@ Example:
 """
 
 from ddpkit._core.atomicfile import atomic_write
+from ddpkit.checkpoint.export import ExportResult, export_checkpoint
 from ddpkit.checkpoint.files import (
     INVALID_SUFFIX,
     Position,
@@ -32,10 +34,12 @@ from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder
 __all__ = [
     "INVALID_SUFFIX",
     "CheckpointFolder",
+    "ExportResult",
     "Position",
     "atomic_write",
     "checkpoint_folder",
     "checkpoint_name",
+    "export_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",

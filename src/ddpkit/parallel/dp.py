@@ -12,7 +12,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -26,18 +26,18 @@ if TYPE_CHECKING:
     from ddpkit.env.world import World
 
 
-class DataParallelStrategy(ModuleWrapperStrategy):
+class DPStrategy(ModuleWrapperStrategy):
     """One process, every GPU: replicas are copied from GPU 0 at each forward.
 
     Example:
-        >>> DataParallelStrategy().uneven_batches
+        >>> DPStrategy().uneven_batches
         'free'
     """
 
     name = "dp"
     wrapper = DataParallel
 
-    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
         if world.world_size > 1:
             raise ConfigError(
                 f'strategy="dp" drives all GPUs from one process, but this job has '
@@ -54,4 +54,4 @@ class DataParallelStrategy(ModuleWrapperStrategy):
         return DataParallel(model.to("cuda:0"))
 
 
-DP = DataParallelStrategy()
+DP = DPStrategy()

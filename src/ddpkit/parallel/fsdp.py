@@ -1,13 +1,14 @@
-"""``strategy="fsdp"``: FSDP2 (``torch.distributed.fsdp.fully_shard``), parameters, gradients
-and optimizer state sharded over the ranks, for models whose training state does not fit one
-device.
+"""``strategy="fsdp"``, or :class:`FSDPStrategy` with options: FSDP2
+(``torch.distributed.fsdp.fully_shard``), parameters, gradients and optimizer state sharded
+over the ranks, for models whose training state does not fit one device.
 
 Each *unit* (a submodule passed to ``fully_shard``) gathers its parameters just before its
 forward and backward and frees them after, so peak memory is one unit's full parameters plus
 the shards. By default the whole model is one unit; pass the block classes of a deep model
-(``fsdp_units=(TransformerBlock,)``) so only one block is gathered at a time, as torchtitan
-does. Rank 0's initial weights are broadcast before sharding, so every rank starts from the
-same model even when each built it with a different random seed. It works on CPU with gloo.
+(``FSDPStrategy(units=(TransformerBlock,))``) so only one block is gathered at a time, as
+torchtitan does. Rank 0's initial weights are broadcast before sharding, so every rank starts
+from the same model even when each built it with a different random seed. It works on CPU
+with gloo.
 A launched world of one (``ddpkit run --nproc 1``) shards over its one rank, so one GPU runs
 the sharded path (DTensors, sharded checkpoints) that N run; only a process with no process
 group leaves the model whole, as DDP leaves it unwrapped.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import Strategy, StrategyName
+from ddpkit.parallel.base import Strategy, checked_options
 from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.recompute import unit_of
 from ddpkit.parallel.shardprecision import policy_precision, policy_text, shard_policy
@@ -48,22 +50,43 @@ if TYPE_CHECKING:
 _FSDP_MODULE = "torch.distributed.fsdp"
 
 
-class FullyShardedStrategy(Strategy):
+@checked_options
+@dataclass(frozen=True, repr=False, kw_only=True)
+class FSDPStrategy(Strategy):
     """Parameters, gradients and optimizer state sharded; gathered one unit at a time.
 
+    ``units``: the block classes sharded as units of their own (default: the whole model is
+    one); ``mixed_precision``: ``"bf16"`` (bf16 parameters for compute, fp32 gradient
+    reduction) or a torch ``MixedPrecisionPolicy`` (:mod:`ddpkit.parallel.shardprecision`);
+    ``reshard_after_forward=False`` keeps each unit gathered from forward to backward
+    (faster, more memory: ZeRO-2 instead of ZeRO-3).
+
     Example:
-        >>> FullyShardedStrategy().sharded, FullyShardedStrategy().replicas_identical
+        >>> import torch, ddpkit
+        >>> ddpkit.FSDPStrategy(units=(torch.nn.Linear,))
+        FSDPStrategy(units=(Linear,))
+        >>> ddpkit.FSDPStrategy().sharded, ddpkit.FSDPStrategy().replicas_identical
         (True, False)
     """
 
-    name: StrategyName = "fsdp"
-    options: tuple[str, ...] = ("fsdp_units", "mixed_precision")
+    name = "fsdp"
     replicas_identical = False
     checkpoint_kind = "sharded"
     uneven_batches = "refuse"
 
-    def __init__(self, policy: Any = None) -> None:
-        self.policy = policy  # the wrapped model's MixedPrecisionPolicy, if any
+    units: tuple[type[nn.Module], ...] = ()
+    mixed_precision: Any = None  # "bf16", "fp32", a MixedPrecisionPolicy, or None
+    reshard_after_forward: bool = True
+
+    def __post_init__(self) -> None:
+        check_units(self.units)
+        object.__setattr__(self, "units", tuple(self.units))  # a list given: hashable
+        shard_policy(self.mixed_precision)  # a bad value is refused here, before any wrap
+
+    @property
+    def policy(self) -> Any:
+        """The ``MixedPrecisionPolicy`` FSDP is given (None: its default)."""
+        return shard_policy(self.mixed_precision)
 
     @property
     def layout(self) -> str:
@@ -73,12 +96,16 @@ class FullyShardedStrategy(Strategy):
     def compute_precision(self) -> str | None:
         return policy_precision(self.policy)
 
-    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
-        policy = shard_policy(options.get("mixed_precision"))
-        wrapped = shard_model(model, world, options.get("fsdp_units", ()), mp_policy=policy)
-        if policy is not None and has_process_group():  # strategy_of asks the model first
-            wrapped.ddpkit_strategy = FullyShardedStrategy(policy)  # type: ignore[assignment]
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
+        wrapped = self.shard(model, world)
+        if has_process_group():  # strategy_of asks the model first
+            wrapped.ddpkit_strategy = self  # type: ignore[assignment]
         return wrapped
+
+    def shard(self, model: nn.Module, world: World, mesh: DeviceMesh | None = None) -> nn.Module:
+        """:func:`shard_model` with this strategy's options, over ``mesh`` (None: every rank)."""
+        return shard_model(model, world, self.units, mesh=mesh, mp_policy=self.policy,
+                           reshard_after_forward=self.reshard_after_forward)  # fmt: skip
 
     def owns(self, model: nn.Module) -> bool:
         return is_sharded(model)
@@ -180,15 +207,19 @@ def broadcast_module_state(model: nn.Module, src: int = 0) -> None:
 
 
 def check_units(units: Sequence[type[nn.Module]]) -> None:
-    """Refuse ``fsdp_units`` that are not module classes.
+    """Refuse ``units`` that are not module classes.
 
     Example:
         >>> check_units([torch.nn.Linear])
     """
+    if isinstance(units, type) or not isinstance(units, Sequence):
+        raise ConfigError(
+            f"units must be a tuple of nn.Module classes, e.g. (MyBlock,); got {units!r}"
+        )
     bad = [u for u in units if not (isinstance(u, type) and issubclass(u, nn.Module))]
     if bad:
         raise ConfigError(
-            f"fsdp_units must be nn.Module classes (e.g. fsdp_units=(MyBlock,)); got {bad!r}"
+            f"units must be nn.Module classes (e.g. FSDPStrategy(units=(MyBlock,))); got {bad!r}"
         )
 
 
@@ -202,4 +233,4 @@ def _no_gradient_sync(model: nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
-FSDP = FullyShardedStrategy()
+FSDP = FSDPStrategy()  # strategy="fsdp"

@@ -82,7 +82,7 @@ class GroupStrategy(Strategy):
         self.checkpoint_kind = member.checkpoint_kind
         self.uneven_batches = member.uneven_batches
 
-    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
         raise ConfigError("prepare each model with ddpkit.prepare_model, then group them")
 
     def owns(self, model: nn.Module) -> bool:

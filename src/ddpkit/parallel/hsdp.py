@@ -1,5 +1,5 @@
-"""``strategy="hsdp"``: hybrid sharding, FSDP2 on a 2-D mesh: shard within a node, replicate
-across nodes.
+"""``strategy="hsdp"``, or :class:`HSDPStrategy` with options: hybrid sharding, FSDP2 on a
+2-D mesh: shard within a node, replicate across nodes.
 
 Plain FSDP all-gathers every unit's parameters from every rank of the job, so past one node
 each layer's forward waits on the slowest link between hosts. HSDP shards the model over the
@@ -10,7 +10,7 @@ node; communication between nodes is that of DDP. It is FSDP2's ``fully_shard`` 
 (replicate, shard) DeviceMesh, as torchtitan builds it.
 
 The shard size defaults to the workers per node (``LOCAL_WORLD_SIZE``) and is settable
-(``prepare_model(model, "hsdp", hsdp_shard_size=2)``); it must divide the world size. Ranks
+(``prepare_model(model, HSDPStrategy(shard_size=2))``); it must divide the world size. Ranks
 are laid out as the launchers number them: ``rank = replica * shard_size + shard``, so with the
 default each node holds one replica. Checkpoints are FSDP's sharded ones (DCP): a run saved on
 a 2x2 mesh resumes on another mesh, or as FSDP, at another world size.
@@ -22,16 +22,20 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import copy
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ddpkit._core.log import logger
+from ddpkit._core.validate import check_positive_int
 from ddpkit.errors import ConfigError
+from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.compiled import uncompiled
-from ddpkit.parallel.fsdp import FullyShardedStrategy, shard_model
-from ddpkit.parallel.shardprecision import policy_text, shard_policy
+from ddpkit.parallel.fsdp import FSDPStrategy, shard_model
+from ddpkit.parallel.shardprecision import policy_text
 from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
@@ -42,23 +46,30 @@ if TYPE_CHECKING:
 MESH_DIMS = ("replicate", "shard")
 
 
-class HybridShardedStrategy(FullyShardedStrategy):
-    """FSDP within each group of ``shard`` ranks, those groups replicas of each other.
+@checked_options
+@dataclass(frozen=True, repr=False, kw_only=True)
+class HSDPStrategy(FSDPStrategy):
+    """FSDP within each group of ``shard_size`` ranks, those groups replicas of each other.
 
-    The descriptor of a wrapped model knows its mesh's shape (``layout``); the module-level
-    ``HSDP`` is the one asked before wrapping.
+    ``shard_size``: the ranks each replica is sharded over (None: the workers per node); the
+    other options are :class:`~ddpkit.parallel.fsdp.FSDPStrategy`'s. The descriptor of a
+    wrapped model knows its mesh's shape (``layout``).
 
     Example:
-        >>> HybridShardedStrategy((2, 2)).layout
-        '2 replicas x 2 shards'
+        >>> import ddpkit
+        >>> ddpkit.HSDPStrategy(shard_size=2)
+        HSDPStrategy(shard_size=2)
     """
 
-    name = "hsdp"
-    options = ("fsdp_units", "hsdp_shard_size", "mixed_precision")
+    name = "hsdp"  # type: ignore[assignment]  # FSDP's is inferred as Literal["fsdp"]
 
-    def __init__(self, shape: tuple[int, int] | None = None, policy: Any = None) -> None:
-        super().__init__(policy)
-        self.shape = shape
+    shard_size: int | None = None
+    shape: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shard_size is not None:
+            check_positive_int("shard_size", self.shard_size)
 
     @property
     def layout(self) -> str:
@@ -68,24 +79,28 @@ class HybridShardedStrategy(FullyShardedStrategy):
         mesh = f"{replicas} replica{'s' * (replicas > 1)} x {shards} shard{'s' * (shards > 1)}"
         return "; ".join(part for part in (mesh, policy_text(self.policy)) if part)
 
-    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
-        units, policy = options.get("fsdp_units", ()), shard_policy(options.get("mixed_precision"))
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
         if not has_process_group():  # no job: whole, as FSDP leaves it
-            return shard_model(model, world, units)
+            return shard_model(model, world, self.units)
         check_backend(world.backend)
-        shard_size = options.get("hsdp_shard_size")
         default = world.local_world_size
-        shape = hybrid_shape(world.world_size, default if shard_size is None else shard_size)
-        mesh = hybrid_mesh(world, shape)
-        wrapped = shard_model(model, world, units, mesh=mesh, mp_policy=policy)
+        size = default if self.shard_size is None else self.shard_size
+        shape = hybrid_shape(world.world_size, size)
+        wrapped = self.shard(model, world, mesh=hybrid_mesh(world, shape))
         # strategy_of asks the model first: an HSDP model is an FSDP module too.
-        wrapped.ddpkit_strategy = HybridShardedStrategy(shape, policy)  # type: ignore[assignment]
+        wrapped.ddpkit_strategy = self._on_mesh(shape)  # type: ignore[assignment]
         logger.debug(f"hsdp mesh {shape} ({', '.join(MESH_DIMS)})")
         return wrapped
 
     def owns(self, model: nn.Module) -> bool:
         own = getattr(uncompiled(model), "ddpkit_strategy", None)
-        return isinstance(own, HybridShardedStrategy)
+        return isinstance(own, HSDPStrategy)
+
+    def _on_mesh(self, shape: tuple[int, int]) -> HSDPStrategy:
+        """This strategy, knowing the mesh it was laid out on (not an option: set after)."""
+        placed = copy.copy(self)
+        object.__setattr__(placed, "shape", shape)
+        return placed
 
 
 def hybrid_shape(world_size: int, shard_size: int) -> tuple[int, int]:
@@ -96,11 +111,11 @@ def hybrid_shape(world_size: int, shard_size: int) -> tuple[int, int]:
         (2, 4)
     """
     if not isinstance(shard_size, int) or isinstance(shard_size, bool) or shard_size < 1:
-        raise ConfigError(f"hsdp_shard_size must be a positive whole number; got {shard_size!r}")
+        raise ConfigError(f"shard_size must be a positive whole number; got {shard_size!r}")
     if world_size % shard_size:
         fits = [str(n) for n in range(1, world_size + 1) if world_size % n == 0]
         raise ConfigError(
-            f"hsdp_shard_size={shard_size} does not divide the world of {world_size} ranks: "
+            f"shard_size={shard_size} does not divide the world of {world_size} ranks: "
             f"each replica needs the same number of shards. Use one of {', '.join(fits)} "
             "(the default is the workers per node)"
         )
@@ -138,4 +153,4 @@ def hybrid_mesh(world: World, shape: tuple[int, int]) -> DeviceMesh:
     return init_device_mesh(world.device.type, shape, mesh_dim_names=MESH_DIMS)
 
 
-HSDP = HybridShardedStrategy()
+HSDP = HSDPStrategy()  # strategy="hsdp"

@@ -7,9 +7,10 @@ input and runs its forward again in backward: about one forward more of compute 
 activations the size of one block instead of every block's (torchtitan's "full" mode; every
 k-th block is its "selective by layer" mode).
 
-``prepare_model(model, "fsdp", fsdp_units=(Block,), activation_checkpointing=True)``
+``prepare_model(model, FSDPStrategy(units=(Block,)), activation_checkpointing=True)``
 checkpoints the FSDP units; ``activation_checkpointing=(Block,)`` names the classes under any
-strategy; ``activation_checkpointing_every=2`` checkpoints every second one. Each block is
+strategy; ``activation_checkpointing=ActivationCheckpointing((Block,), every=2)`` checkpoints
+every second one. Each block is
 wrapped in torch's ``checkpoint_wrapper`` (non-reentrant ``torch.utils.checkpoint``), as
 torchtitan does: it composes with DDP, FSDP2 (the wrapper becomes the FSDP unit) and
 ``torch.compile``, and its state-dict hooks drop the wrapper from the keys, so checkpoints
@@ -27,11 +28,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from torch import nn
 
 from ddpkit.errors import ConfigError
+from ddpkit.parallel.base import option_text
 
 # The attribute torch's CheckpointWrapper keeps the wrapped block in.
 WRAPPED = "_checkpoint_wrapped_module"
@@ -57,40 +59,68 @@ def checkpoint_blocks(model: nn.Module, classes: Sequence[type[nn.Module]], ever
     return len(chosen)
 
 
-def checkpointed_classes(
-    request: bool | Sequence[type[nn.Module]], units: Sequence[type[nn.Module]]
-) -> tuple[type[nn.Module], ...]:
-    """The classes ``activation_checkpointing=request`` means: ``True`` takes the FSDP
-    ``units``; a ConfigError says what to pass where nothing is named.
+@dataclass(frozen=True, repr=False)
+class ActivationCheckpointing:
+    """Which blocks recompute their activations in backward instead of keeping them.
+
+    ``blocks``: the module classes (empty: the FSDP or HSDP strategy's ``units``); ``every``:
+    every k-th of them (1: each one; 2: every second, torchtitan's selective-by-layer).
+    ``prepare_model(activation_checkpointing=...)`` also takes ``True`` (the units, every
+    one) and a tuple of classes (those, every one).
 
     Example:
-        >>> checkpointed_classes(True, [nn.Linear])
+        >>> ActivationCheckpointing((nn.Linear,), every=2)
+        ActivationCheckpointing(blocks=(Linear,), every=2)
+    """
+
+    blocks: Sequence[type[nn.Module]] = ()
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        blocks = (self.blocks,) if isinstance(self.blocks, type | str) else tuple(self.blocks)
+        bad = [c for c in blocks if not (isinstance(c, type) and issubclass(c, nn.Module))]
+        if bad:
+            raise ConfigError(
+                "activation_checkpointing takes the block classes to recompute, e.g. "
+                "activation_checkpointing=(TransformerBlock,), or True to recompute the "
+                f"strategy's FSDP units; got {bad[0]!r}"
+            )
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 1:
+            raise ConfigError(
+                "ActivationCheckpointing(every=) must be a positive whole number (1: every "
+                f"block, 2: every second one); got {self.every!r}"
+            )
+        object.__setattr__(self, "blocks", blocks)
+
+    def __repr__(self) -> str:
+        return f"ActivationCheckpointing(blocks={option_text(self.blocks)}, every={self.every})"
+
+
+def checkpointing_request(
+    request: bool | Sequence[type[nn.Module]] | ActivationCheckpointing,
+    units: Sequence[type[nn.Module]],
+) -> ActivationCheckpointing | None:
+    """What ``activation_checkpointing=request`` means, its blocks named (``True`` and empty
+    blocks take the strategy's ``units``); None for none, a ConfigError where none is named.
+
+    Example:
+        >>> checkpointing_request(True, [nn.Linear]).blocks
         (<class 'torch.nn.modules.linear.Linear'>,)
     """
-    classes = tuple(units) if request is True else tuple(request or ())
-    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
-    if bad or (request is True and not classes):
+    if request is False or request is None:
+        return None
+    asked = request if isinstance(request, ActivationCheckpointing) else None
+    if asked is None:
+        asked = ActivationCheckpointing(() if request is True else request)  # type: ignore[arg-type]
+    if asked.blocks:
+        return asked
+    if not units:
         raise ConfigError(
-            "activation_checkpointing takes the block classes to recompute, e.g. "
-            "activation_checkpointing=(TransformerBlock,), or True to recompute the FSDP "
-            f"units given as fsdp_units; got {bad[0] if bad else request!r}"
+            "activation_checkpointing=True recomputes the FSDP units, and this strategy has "
+            "none: name the block classes, e.g. activation_checkpointing=(TransformerBlock,), "
+            "or give them to the strategy, e.g. FSDPStrategy(units=(TransformerBlock,))"
         )
-    return classes
-
-
-def check_every(every: Any) -> int:
-    """A positive whole number, or a ConfigError.
-
-    Example:
-        >>> check_every(2)
-        2
-    """
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(
-            f"activation_checkpointing_every must be a positive whole number (1: every block, "
-            f"2: every second one); got {every!r}"
-        )
-    return every
+    return ActivationCheckpointing(tuple(units), asked.every)
 
 
 def unit_of(module: nn.Module) -> nn.Module:

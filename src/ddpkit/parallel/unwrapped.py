@@ -8,7 +8,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -28,7 +28,7 @@ class Unwrapped(Strategy):
 
     name = "none"
 
-    def wrap(self, model: nn.Module, world: World, options: dict[str, Any]) -> nn.Module:
+    def wrap(self, model: nn.Module, world: World) -> nn.Module:
         return model.to(world.device)
 
     def owns(self, model: nn.Module) -> bool:

@@ -171,7 +171,7 @@ def test_the_newest_checkpoint_in_the_bucket_exports_to_one_safetensors_file(
     from safetensors.torch import load_file
 
     final, _ = train(url, epochs=1)
-    result = ddpkit.export_checkpoint(url, tmp_path / "model.safetensors")
+    result = ddpkit.checkpoint.export_checkpoint(url, tmp_path / "model.safetensors")
     assert result.source == f"{url}/epoch_000001.pt"
     exported = load_file(str(result.path))
     assert exported.keys() == final.keys()

@@ -38,7 +38,9 @@ def test_a_2x2_run_stopped_mid_epoch_resumes_bit_identical_and_as_fsdp_on_2(
     assert full[0]["startup"].startswith("training HSDP (2 replicas x 2 shards); global batch 16")
     assert all(max_abs_diff(full[0]["state"], other["state"]) == 0.0 for other in full[1:])
     for suffix in (".pt", ".safetensors"):  # the newest shards as one file, without a group
-        exported = ddpkit.export_checkpoint(tmp_path / "full", tmp_path / f"model{suffix}")
+        exported = ddpkit.checkpoint.export_checkpoint(
+            tmp_path / "full", tmp_path / f"model{suffix}"
+        )
         assert exported.source.endswith("full/epoch_000003.dcp")  # the newest: after step 12
         weights = torch.load(exported.path, weights_only=True) if suffix == ".pt" else (
             load_file(str(exported.path)))  # fmt: skip

@@ -113,7 +113,11 @@ def test_uneven_batch_counts_finish_under_join_and_count_every_sample() -> None:
 def test_impossible_requests_are_refused_with_the_fix() -> None:
     messages = ddpkit.spawn(workers.strategy_errors, 2)[0]
     assert 'use strategy="ddp"' in messages["dp"] and "2 processes" in messages["dp"]
-    assert 'comm_hook only applies to strategy="ddp"' in messages["hook_on_fsdp"]
+    assert messages["hook_on_fsdp"].startswith("prepare_model() no longer takes comm_hook")
+    assert "ddpkit.DDPStrategy(comm_hook='bf16')) (comm_hook belongs to DDPStrategy, not to " \
+        "'fsdp')" in messages["hook_on_fsdp"]  # fmt: skip
+    assert "FSDPStrategy has no option 'comm_hook' (DDPStrategy has)" in messages[
+        "hook_on_fsdp_object"]  # fmt: skip
     assert "does not divide; use a multiple of 2 (e.g. 8)" in messages["global_odd"]
 
 

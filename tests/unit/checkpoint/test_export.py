@@ -35,7 +35,7 @@ def test_the_newest_checkpoint_exports_to_the_trained_weights(
     trained: tuple[Path, dict[str, torch.Tensor]], tmp_path: Path, suffix: str
 ) -> None:
     folder, final = trained
-    result = ddpkit.export_checkpoint(folder, tmp_path / f"model{suffix}")
+    result = ddpkit.checkpoint.export_checkpoint(folder, tmp_path / f"model{suffix}")
     assert result.source == str(folder / "epoch_000002.pt") and result.tensors == len(final)
     if suffix == ".pt":
         exported = torch.load(result.path, weights_only=True)
@@ -80,7 +80,7 @@ def test_a_corrupted_checkpoint_is_refused_by_its_checksum_and_nothing_is_writte
     assert not torch.equal(loaded["model"]["0.weight"], final["0.weight"])
     said = f"checkpoint {damaged} is corrupted: its contents do not match the checksum"
     with pytest.raises(ddpkit.CheckpointError, match=re.escape(said)):
-        ddpkit.export_checkpoint(damaged, tmp_path / "out.pt")
+        ddpkit.checkpoint.export_checkpoint(damaged, tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
 
@@ -103,7 +103,7 @@ def test_a_damaged_shard_is_refused_by_its_checksum_and_nothing_is_written(
     monkeypatch.setattr(sharded, "_world_size", lambda: world)
     said = f"sharded checkpoint {path} is damaged: {shard.name} does not match its checksum"
     with pytest.raises(ddpkit.CheckpointError, match=re.escape(said)):
-        ddpkit.export_checkpoint(path, tmp_path / "out.pt")
+        ddpkit.checkpoint.export_checkpoint(path, tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
 
@@ -121,4 +121,4 @@ def test_requests_that_cannot_be_met_are_refused(
 ) -> None:  # fmt: skip
     folder = trained[0] if source == "runs" else tmp_path
     with pytest.raises(error, match=re.escape(said)):
-        ddpkit.export_checkpoint(folder, tmp_path / out)
+        ddpkit.checkpoint.export_checkpoint(folder, tmp_path / out)

@@ -67,23 +67,45 @@ def test_every_second_block_and_the_fsdp_units_they_become() -> None:
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        ({"activation_checkpointing": True}, "activation_checkpointing takes the block classes"),
+        ({"activation_checkpointing": True}, "activation_checkpointing=True recomputes the FSDP "
+         "units, and this strategy has none: name the block classes"),
         ({"activation_checkpointing": ("Block",)}, "got 'Block'"),
-        ({"activation_checkpointing": (Block,), "activation_checkpointing_every": 0},
-         "activation_checkpointing_every must be a positive whole number (1: every block"),
+        ({"activation_checkpointing": ddpkit.ActivationCheckpointing((Block,), every=1)}, None),
         ({"activation_checkpointing": (nn.Conv2d,)}, "the model has no Conv2d module"),
     ],
-    ids=["true-without-units", "a-name", "every-zero", "absent-class"],
+    ids=["true-without-units", "a-name", "fine", "absent-class"],
 )  # fmt: skip
 def test_requests_that_cannot_be_met_are_refused_with_the_fix(
-    options: dict[str, object], said: str
+    options: dict[str, object], said: str | None
 ) -> None:
     ddpkit.init(hang_timeout=0)
+    if said is None:
+        ddpkit.prepare_model(deep(), "none", **options)  # type: ignore[arg-type]
+        return
     with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
         ddpkit.prepare_model(deep(), "none", **options)  # type: ignore[arg-type]
 
 
+def test_every_is_a_positive_whole_number() -> None:
+    with pytest.raises(
+        ddpkit.ConfigError,
+        match=re.escape(
+            "ActivationCheckpointing(every=) must be a positive whole number (1: every block"
+        ),
+    ):
+        ddpkit.ActivationCheckpointing((Block,), every=0)
+
+
 def test_true_recomputes_the_fsdp_units() -> None:
     ddpkit.init(hang_timeout=0)
-    model = ddpkit.prepare_model(deep(), "fsdp", fsdp_units=(Block,), activation_checkpointing=True)
+    fsdp = ddpkit.FSDPStrategy(units=(Block,))
+    model = ddpkit.prepare_model(deep(), fsdp, activation_checkpointing=True)
     assert sum(unit_of(m) is not m for m in model) == 4
+
+
+def test_every_second_of_the_fsdp_units_by_one_value() -> None:
+    ddpkit.init(hang_timeout=0)
+    fsdp = ddpkit.FSDPStrategy(units=(Block,))
+    every_second = ddpkit.ActivationCheckpointing(every=2)  # no blocks: the strategy's units
+    model = ddpkit.prepare_model(deep(), fsdp, activation_checkpointing=every_second)
+    assert [i for i, m in enumerate(model) if unit_of(m) is not m] == [0, 2]

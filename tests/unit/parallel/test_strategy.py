@@ -80,11 +80,11 @@ def test_a_ddp_model_is_ddp_when_torch_wraps_it(monkeypatch: pytest.MonkeyPatch)
     [
         (
             3,
-            "hsdp_shard_size=3 does not divide the world of 4 ranks: each replica needs the same "
+            "shard_size=3 does not divide the world of 4 ranks: each replica needs the same "
             "number of shards. Use one of 1, 2, 4",
         ),
-        (0, "hsdp_shard_size must be a positive whole number; got 0"),
-        (True, "hsdp_shard_size must be a positive whole number; got True"),
+        (0, "shard_size must be a positive whole number; got 0"),
+        (True, "shard_size must be a positive whole number; got True"),
     ],
     ids=["three-of-four", "zero", "a-bool"],
 )
@@ -99,26 +99,28 @@ def test_an_hsdp_shard_size_that_cannot_tile_the_world_is_refused(
 
 
 def test_the_hsdp_shard_size_is_refused_for_another_strategy() -> None:
-    ddpkit.init(hang_timeout=0)
-    with pytest.raises(ddpkit.ConfigError, match='hsdp_shard_size only applies to strategy="hsdp"'):
-        ddpkit.prepare_model(nn.Linear(2, 2), "fsdp", hsdp_shard_size=2)
+    said = "FSDPStrategy has no option 'shard_size' (HSDPStrategy has); its options: units, "
+    with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
+        ddpkit.FSDPStrategy(shard_size=2)  # type: ignore[call-arg]
+    with pytest.raises(ddpkit.ConfigError, match="shard_size must be a positive integer"):
+        ddpkit.HSDPStrategy(shard_size=0)
 
 
 @pytest.mark.parametrize(
     ("strategy", "request_", "said"),
     [
-        ("fsdp", "fp16", 'mixed_precision="fp16" would compute in fp16 without loss scaling'),
-        ("fsdp", "int8", 'mixed_precision must be "bf16", "fp32" or a torch MixedPrecision'),
-        ("ddp", "bf16", 'mixed_precision only applies to strategy="fsdp" or "hsdp", not'),
+        ("FSDPStrategy", "fp16", 'mixed_precision="fp16" would compute in fp16 without loss'),
+        ("HSDPStrategy", "int8", 'mixed_precision must be "bf16", "fp32" or a torch MixedPrec'),
+        ("DDPStrategy", "bf16",
+         "DDPStrategy has no option 'mixed_precision' (FSDPStrategy and HSDPStrategy have)"),
     ],
     ids=["fp16", "unknown", "on-ddp"],
-)
+)  # fmt: skip
 def test_a_mixed_precision_policy_that_cannot_be_had_is_refused(
     strategy: str, request_: str, said: str
 ) -> None:
-    ddpkit.init(hang_timeout=0)
     with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
-        ddpkit.prepare_model(nn.Linear(2, 2), strategy, mixed_precision=request_)  # type: ignore[arg-type]
+        getattr(ddpkit, strategy)(mixed_precision=request_)  # before any model is touched
 
 
 def test_hsdp_over_gloo_is_refused_where_torch_cannot_average_on_gloo(

@@ -33,25 +33,25 @@ def test_dp_without_two_gpus_says_so_and_runs_unwrapped(capsys: pytest.CaptureFi
 
 def test_fsdp_in_a_world_of_one_trains_the_whole_model() -> None:
     ddpkit.init()
-    model = ddpkit.prepare_model(toy_model(), "fsdp", fsdp_units=(torch.nn.Linear,))
+    model = ddpkit.prepare_model(toy_model(), ddpkit.FSDPStrategy(units=(torch.nn.Linear,)))
     trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy)
     history = trainer.fit(ddpkit.prepare_loader(toy_dataset(), batch_size=8), epochs=2)
     assert history[1]["loss"] < history[0]["loss"]
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("strategy", "options", "message"),
     [
-        ({"comm_hook": "int8"}, "unknown comm_hook 'int8'; choose one of 'fp16', 'bf16'"),
-        ({"strategy": "fsdp", "bucket_cap_mb": 5}, 'bucket_cap_mb only applies to strategy="ddp"'),
-        ({"fsdp_units": (torch.nn.Linear,)}, 'fsdp_units only applies to strategy="fsdp" or'),
-        ({"strategy": "fsdp", "fsdp_units": ("Linear",)}, "must be nn.Module classes"),
+        ("DDPStrategy", {"comm_hook": "int8"}, "unknown comm_hook 'int8'; choose one of 'fp16'"),
+        ("FSDPStrategy", {"bucket_cap_mb": 5}, r"no option 'bucket_cap_mb' \(DDPStrategy has\)"),
+        ("DDPStrategy", {"units": (torch.nn.Linear,)}, r"no option 'units' \(FSDPStrategy and"),
+        ("FSDPStrategy", {"units": ("Linear",)}, "must be nn.Module classes"),
+        ("HSDPStrategy", {"units": torch.nn.Linear}, r"must be a tuple of nn.Module classes"),
     ],
 )
-def test_wrong_strategy_options_are_refused(kwargs: dict, message: str) -> None:
-    ddpkit.init()
+def test_wrong_strategy_options_are_refused(strategy: str, options: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        ddpkit.prepare_model(toy_model(), **kwargs)
+        getattr(ddpkit, strategy)(**options)
 
 
 def test_fp16_needs_a_gpu_and_unknown_precisions_are_listed() -> None:
