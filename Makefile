@@ -18,7 +18,7 @@ OLDEST_VENV  ?= .venv-torch$(OLDEST_TORCH)
 # build a GPU user put in .venv is kept.
 LOCK        ?= constraints/test.txt
 OLDEST_LOCK ?= constraints/test-oldest.txt
-TEST_EXTRAS ?= test,mlflow,wandb
+TEST_EXTRAS ?= test,mlflow,wandb,docs
 LOCK_VENV   ?= .venv-lock
 NPROC       ?= 2
 TEST_WORKERS ?= 2
@@ -27,7 +27,7 @@ ON_WORKERS  := -n $(TEST_WORKERS) --dist loadfile
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
-.PHONY: demo test test-notice test-oldest check lint typecheck unit gpu-check lock lock-main lock-oldest clean
+.PHONY: demo test test-notice test-oldest check lint typecheck docs unit gpu-check lock lock-main lock-oldest clean
 
 demo: $(VENV)/.examples-installed
 	rm -rf runs/wine-demo  # the demo trains from scratch each time; its own scratch folder
@@ -36,7 +36,7 @@ demo: $(VENV)/.examples-installed
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
 # Two passes: on TEST_WORKERS pytest workers, then the tests marked serial (they time things) alone.
-test: test-notice $(VENV)/.test-installed lint typecheck
+test: test-notice $(VENV)/.test-installed lint typecheck docs
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" $(ON_WORKERS) \
 	  $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
@@ -79,6 +79,11 @@ lint: $(VENV)/.test-installed
 
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy
+
+# The docs as a site in runs/site (MkDocs, Material, the API reference from the docstrings by
+# mkdocstrings), built offline in strict mode: a broken link or reference fails (mkdocs.yml).
+docs: $(VENV)/.test-installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --quiet
 
 $(VENV)/.torch-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
