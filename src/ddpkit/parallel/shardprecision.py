@@ -6,9 +6,9 @@ better: its ``MixedPrecisionPolicy`` all-gathers the parameters already in bf16 
 bytes on the wire, half the gathered memory) and computes in bf16, while the gradients are
 reduced in fp32 and the sharded parameters and optimizer state stay fp32, as torchtitan's
 recipes run. The policy is given to ``fully_shard``, so it is the strategy's option:
-``FSDPStrategy(mixed_precision="bf16")`` (or a torch ``MixedPrecisionPolicy`` of your own). The start-up
-line says it (``training FSDP (bf16 parameters, fp32 reduction)``) and the run counts as
-bf16 for ``ddpkit verify``'s tolerances. fp16 needs loss scaling, which the Trainer's
+``FSDPStrategy(mixed_precision="bf16")`` (or a torch ``MixedPrecisionPolicy`` of your own).
+The start-up line says it (``training FSDP (bf16 parameters, fp32 reduction)``) and the run
+counts as bf16 for ``ddpkit verify``'s tolerances. fp16 needs loss scaling, which the Trainer's
 ``precision="fp16"`` brings: it is refused here with that advice.
 
 Example:
