@@ -91,7 +91,9 @@ class StepGuard:
 
     def note_loss(self, loss: torch.Tensor) -> None:
         """Add one micro-batch's loss, without waiting for it."""
-        value = loss.detach().float().sum()
+        value = loss.detach()
+        if value.dim() or value.dtype != torch.float32:  # a scalar fp32 loss: no op
+            value = value.float().sum()
         self._losses = value if self._losses is None else self._losses + value
 
     def check(self, collective: bool, stop_signal: int = 0) -> Verdict:

@@ -301,7 +301,7 @@ class TrainLoop:
         self.updater.zero_grad()
 
     def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
-        metrics = progress.end_batch(batch)
+        metrics = progress.end_batch(batch, self.guard.policy == "skip")
         self.observer.batch_done()
         stepped, signal = self.updater.end_group()
         if stepped:

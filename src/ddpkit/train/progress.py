@@ -92,12 +92,16 @@ class EpochProgress:
         """The batch's own metrics, each a mean over ``samples`` (None: the batch's size)."""
         self._recorded = (metrics, samples)
 
-    def end_batch(self, batch: Any) -> dict[str, Any]:
-        """Add the batch's metrics (recorded, else its loss) to the sums; returns them."""
+    def end_batch(self, batch: Any, skips_nonfinite: bool = True) -> dict[str, Any]:
+        """Add the batch's metrics (recorded, else its loss) to the sums; returns them.
+
+        ``skips_nonfinite``: a batch whose loss is NaN/inf is left out of the sums (its step
+        was skipped, ``nonfinite_loss="skip"``). Under ``"error"`` such a loss ends the run
+        at its step, before any sum is reported: no check, no ops per batch."""
         loss = {} if self._loss is None else {"loss": self._loss}
         metrics, samples = self._recorded or (loss, None)
         count = samples if samples is not None else batch_size_of(batch)
-        if self._loss is not None:
+        if self._loss is not None and skips_nonfinite:
             self.sums.add(*only_if_finite(self._loss, metrics, count))
         else:
             self.sums.add(metrics, count)
