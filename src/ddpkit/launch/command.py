@@ -104,7 +104,8 @@ def main(args: argparse.Namespace) -> int:
     """
     check_supported(args)
     program = Program(args.training_script, tuple(args.training_script_args),
-                      module=args.module, no_python=args.no_python)  # fmt: skip
+                      module=args.module, no_python=args.no_python,
+                      run_path=args.run_path)  # fmt: skip
     run_script(launch_plan(args), program, worker_settings(args))
     return 0
 

@@ -58,6 +58,7 @@ from ddpkit.errors import (
     StoppedBySignalError,
 )
 from ddpkit.launch.failures import diagnose, recorded
+from ddpkit.launch.forkserver import warm_start_method
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
@@ -128,13 +129,16 @@ def run_script(
     program.check()  # a script that cannot start fails here, once, before any worker
     command, args = program.entrypoint()
     defaults = worker_env_defaults(plan)
-    _announce(plan, defaults)
+    started = _start_method_of(plan, command)
+    _announce(plan, defaults, started)
     _wait_for_master_name(plan)
     env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
     with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
+        # a function worker (--run-path) carries this launch's environment and lifeline
+        entry = Tied(command) if callable(command) else command
         try:
-            elastic_launch(config, command)(*args)
+            elastic_launch(config, entry)(*args)
         except (ChildFailedError, SignalException) as err:
             raise launch_outcome(err, log_dir, plan.nproc) from None
         except DistNetworkError as err:
@@ -347,7 +351,17 @@ def _wait_for_master_name(plan: LaunchPlan) -> None:
         wait_for_name(host, say=command_logger("run").info)
 
 
-def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
+def _start_method_of(plan: LaunchPlan, command: object) -> str:
+    """How the workers start, for the start-up line: a ``python`` each, or (--run-path) by
+    ``--start-method`` from a function; forkserver's server imports torch once for all."""
+    if not callable(command):
+        return ""
+    if plan.start_method == "forkserver" and warm_start_method() == "forkserver":
+        return "; workers forked from a server that imported torch once (--start-method forkserver)"
+    return f"; workers started by {plan.start_method} from a function (--run-path)"
+
+
+def _announce(plan: LaunchPlan, defaults: dict[str, str], started: str = "") -> None:
     chosen = ", ".join(f"{k}={v}" for k, v in sorted(defaults.items()))
     where = {
         "local": "",
@@ -357,6 +371,6 @@ def _announce(plan: LaunchPlan, defaults: dict[str, str]) -> None:
     if plan.contract:  # a pod: which controller said so, and from which variables
         where = f"; {plan.contract}"
     command_logger("run").info(
-        f"{plan.nproc} worker(s) on this node{where}"
+        f"{plan.nproc} worker(s) on this node{where}{started}"
         + (f"; worker defaults {chosen} (set them to override)" if chosen else "")
     )

@@ -16,16 +16,20 @@ import os
 import shutil
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
+from typing import Any
 
 from ddpkit.errors import ConfigError, ScriptError
 
 
 @dataclass(frozen=True)
 class Program:
-    """What each worker runs: a script, a module (``-m``) or any executable (``--no-python``).
+    """What each worker runs: a script, a module (``-m``) or any executable (``--no-python``);
+    ``run_path``: in a process torch's launcher starts from a function (torchrun's
+    ``--run-path``), not a ``python`` of its own.
 
     Example:
         >>> Program("pkg.train", ("--lr", "1"), module=True).describe()
@@ -36,15 +40,21 @@ class Program:
     args: tuple[str, ...] = ()
     module: bool = False
     no_python: bool = False
+    run_path: bool = False
 
     def describe(self) -> str:
         return f"-m {self.target}" if self.module else self.target
 
-    def entrypoint(self) -> tuple[str, tuple[str, ...]]:
-        """The command torch's agent starts: ddpkit's worker bootstrap around the script or
-        module, or the executable itself (which runs without ddpkit's lifeline)."""
+    def entrypoint(self) -> tuple[str | Callable[..., Any], tuple[str, ...]]:
+        """What torch's agent starts: ddpkit's worker bootstrap around the script or module
+        (a command, or with ``run_path`` a function), or the executable itself (which runs
+        without ddpkit's lifeline)."""
         if self.no_python:
             return self.target, self.args
+        if self.run_path:
+            from ddpkit.launch.worker import RunPath  # the bootstrap, run in the workers
+
+            return RunPath(self.module), (self.target, *self.args)
         what = ("-m", self.target) if self.module else (self.target,)
         return sys.executable, ("-u", "-m", "ddpkit.launch.worker", *what, *self.args)
 

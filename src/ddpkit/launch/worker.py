@@ -18,12 +18,15 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import multiprocessing
 import os
 import runpy
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Mapping
+from typing import Any
 
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
@@ -56,12 +59,87 @@ def main(argv: list[str] | None = None) -> None:
         args = args[1:]
     if not args:
         sys.exit("usage: python -m ddpkit.launch.worker [-m MODULE | SCRIPT] [ARGS...]")
+    die_with_launcher()
+    prepare_worker()
+    _run_as_main(args, module)
+
+
+def prepare_worker() -> None:
+    """What every worker does before the script, however it was started: one output stream
+    under the merged console, torch's Flight Recorder armed, the stop signals taken, the
+    commands' setup hook run.
+
+    Example::
+
+        prepare_worker()   # in a worker ddpkit run started, before the script
+    """
     join_streams()
     arm_flight_recorder()  # a plain torchrun script's collectives are recorded too
-    die_with_launcher()
     stop_outside_training()
     run_setup()
-    _run_as_main(args, module)
+
+
+class RunPath:
+    """``ddpkit run --run-path``: the script run in a worker torch's launcher started from a
+    function (``--start-method``: spawn, as torchrun; forkserver: forked from a server that
+    imported torch once), as ``python script.py`` would run it.
+
+    A function worker that ends without returning leaves torch's agent waiting for its
+    result, so every successful ending returns: ``sys.exit()`` and ``sys.exit(0)`` (torch's
+    own ``--run-path`` returns only for 0), and ``os._exit(0)`` on the main thread, which
+    becomes ``sys.exit(0)`` here (the script's ``finally`` blocks then run). A failing code
+    ends the process with it, as before.
+
+    Example:
+        >>> RunPath(module=False).__name__
+        'run_path'
+    """
+
+    def __init__(self, module: bool) -> None:
+        self.module = module
+        self.__name__ = "run_path"  # torch's launcher names the entrypoint by it
+
+    def __call__(self, *argv: str) -> None:
+        fresh_process_state()
+        prepare_worker()
+        real_exit = os._exit
+        os._exit = _returning_exit(real_exit)
+        try:
+            _run_as_main(list(argv), self.module)
+        except SystemExit as stop:
+            if stop.code not in (None, 0):
+                raise
+        finally:
+            os._exit = real_exit
+
+
+def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
+    """What a fresh interpreter would have that a function worker does not: the platform's
+    default start method for the script's own processes (DataLoader workers, pools; Python
+    set this worker's to the launcher's spawn or forkserver), torch's thread count from this
+    launch's ``OMP_NUM_THREADS`` (a warm server's torch read the server's at import), and
+    NumPy's global generator seeded anew (else every forked rank draws the same).
+
+    Example::
+
+        fresh_process_state()   # first thing in a function worker
+    """
+    multiprocessing.set_start_method(None, force=True)
+    threads = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # from the OS's entropy, as at a fresh import
+
+
+def _returning_exit(real_exit: Any) -> Any:
+    def exit_(code: int) -> None:
+        if code == 0 and threading.current_thread() is threading.main_thread():
+            raise SystemExit(0)  # returned by RunPath: torch's agent gets its result
+        real_exit(code)
+
+    return exit_
 
 
 def join_streams(environ: Mapping[str, str] | None = None) -> None:

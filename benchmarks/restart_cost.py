@@ -1,0 +1,79 @@
+"""What one restart costs: a 2-worker job whose rank 1 is killed (SIGKILL) once, restarted by
+the launcher (``--max-restarts 1``), against the same launcher's plain launch.
+
+Three launchers, alternating in one run: ``ddpkit run`` (a fresh ``python`` per worker, as
+torchrun), ``ddpkit run --run-path --start-method forkserver`` (workers forked from a server
+that imported torch once: a restart forks again from it) and ``torchrun --standalone``. For
+each, the median wall time of the job with its restart, of the plain job (`noop_job.py`),
+and their difference: the restart's cost. The job does no training (no checkpoint to load,
+nothing compiled): what is measured is the launcher's and the interpreters' part. A job
+that fails or hangs (60 s) is counted apart and said; torchrun's restart of this plain
+job did both here (its second attempt's gloo could not connect).
+
+    .venv/bin/python benchmarks/restart_cost.py --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+JOBS = {"plain": str(HERE / "noop_job.py"), "restarted": str(HERE / "restart_job.py")}
+LAUNCHERS = {
+    "ddpkit run": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"],
+    "ddpkit run (forkserver)": [
+        *(sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"),
+        *("--run-path", "--start-method", "forkserver"),
+    ],
+    "torchrun --standalone": [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone"),
+        *("--nproc-per-node", "2", "--max-restarts", "1"),
+    ],
+}
+
+
+def time_once(command: list[str]) -> float:
+    """Seconds from launch to exit; NaN for a job that failed or hung (said once, below)."""
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return math.nan
+    return time.perf_counter() - start if done.returncode == 0 else math.nan
+
+
+def summary(values: list[float]) -> str:
+    ok = [v for v in values if not math.isnan(v)]
+    failed = len(values) - len(ok)
+    median = f"{statistics.median(ok):.2f} s" if ok else "-"
+    return median + (f" ({failed} of {len(values)} failed or hung)" if failed else "")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    times: dict[tuple[str, str], list[float]] = {(la, job): [] for la in LAUNCHERS for job in JOBS}
+    for _ in range(args.repeat):
+        for (launcher, job), values in times.items():
+            values.append(time_once([*LAUNCHERS[launcher], JOBS[job]]))
+    for launcher in LAUNCHERS:
+        plain, restarted = times[(launcher, "plain")], times[(launcher, "restarted")]
+        cost = _median(restarted) - _median(plain)
+        print(f"{launcher:24s} plain {summary(plain)}; with a restart {summary(restarted)}; "
+              f"the restart costs {cost:.2f} s")  # fmt: skip
+
+
+def _median(values: list[float]) -> float:
+    ok = [v for v in values if not math.isnan(v)]
+    return statistics.median(ok) if ok else math.nan
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""``ddpkit run --run-path``: the script runs in workers torch's launcher starts from a
+function, by ``--start-method`` (spawn as torchrun, or forked from a warm forkserver). Every
+way a script ends must end the job as it does as ``python script.py``; none may leave the
+agent waiting for a result that never comes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers.launch_helpers import SCRIPTS, ddpkit_cli
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(170)]
+
+SCRIPT = str(SCRIPTS / "run_path_endings.py")
+METHODS = ["spawn", "forkserver"]
+
+
+def run(mode: str, method: str) -> tuple[int, str]:
+    done = ddpkit_cli("run", "--nproc", "2", "--run-path", "--start-method", method, SCRIPT,
+                      mode, timeout=150)  # fmt: skip
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("mode", ["return", "sys_exit", "sys_exit0", "os_exit0"])
+def test_a_script_that_succeeds_ends_the_job_with_0(mode: str, method: str) -> None:
+    code, out = run(mode, method)
+    assert code == 0, out
+    if mode == "os_exit0":
+        assert out.count("leaving by os._exit(0)") == 2, out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ddpkits_step_limit_stop_ends_the_job_with_0(method: str, monkeypatch) -> None:
+    monkeypatch.setenv("DDPKIT_MAX_STEPS", "3")
+    code, out = run("step_limit", method)
+    assert code == 0 and "stopped after 3 optimizer steps" in out, out
+    assert "after the loop: never" not in out
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("mode", "said"), [
+    ("sys_exit3", "the script called sys.exit(3) at "),
+    ("raise", "ValueError: a bad batch on rank 1"),
+])  # fmt: skip
+def test_a_failing_script_fails_the_job_naming_the_rank(mode: str, said: str, method: str) -> None:
+    code, out = run(mode, method)
+    assert code != 0 and said in out and "worker rank 1" in out, out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    code, out = run("state", method)
+    assert code == 0, out
+    states = dict(re.findall(r"state rank=(\d) (.+)", out))
+    assert set(states) == {"0", "1"}, out
+    draws = set()
+    for state in states.values():
+        fields = dict(part.split("=", 1) for part in state.split(" "))
+        assert fields["threads"] == "1" and fields["main"] == "__main__", state
+        assert fields["mp"] == "fork", state  # the script's own pools: the platform default
+        assert fields["argv"] == "['state']", state
+        draws.add(fields["numpy"])
+    assert len(draws) == 2, f"NumPy drew the same on every rank: {states}"
+    if method == "forkserver":
+        assert "workers forked from a server that imported torch once" in out

@@ -1,0 +1,54 @@
+"""Each way a script can end, run by ``ddpkit run --run-path [--start-method M]``: MODE is
+
+- ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
+- ``sys_exit3``, ``raise``: a failure on rank 1;
+- ``state``: each rank prints what a fresh interpreter would have (``state rank=...``).
+
+Each rank first meets the other in an all-reduce, so a rank that ends wrongly shows.
+"""
+
+import multiprocessing
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import ddpkit
+
+MODE = sys.argv[1]
+
+
+def main() -> None:
+    world = ddpkit.init(timeout=60)
+    dist.all_reduce(torch.ones(1))
+    if MODE == "state":
+        print(f"state rank={world.rank} threads={torch.get_num_threads()} "
+              f"numpy={np.random.randint(1 << 30)} mp={multiprocessing.get_start_method()} "
+              f"main={__name__} argv={sys.argv[1:]}", flush=True)  # fmt: skip
+    if MODE == "sys_exit":
+        sys.exit()
+    if MODE == "sys_exit0":
+        sys.exit(0)
+    if MODE == "os_exit0":
+        print(f"rank {world.rank} leaving by os._exit(0)", flush=True)
+        os._exit(0)
+    if MODE == "sys_exit3" and world.rank == 1:
+        sys.exit(3)
+    if MODE == "raise" and world.rank == 1:
+        raise ValueError("a bad batch on rank 1")
+    if MODE == "step_limit":  # ddpkit's own stop: every rank leaves by os._exit(0)
+        model = ddpkit.prepare_model(torch.nn.Linear(2, 2))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+        data = torch.utils.data.TensorDataset(torch.randn(32, 2))
+        for _ in loop.epochs(2):
+            for (x,) in loop.batches(ddpkit.prepare_loader(data, batch_size=4)):
+                loop.backward(model(x).sum())
+                loop.optimizer_step()
+        print("after the loop: never", flush=True)
+
+
+if __name__ == "__main__":
+    main()
