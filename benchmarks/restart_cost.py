@@ -6,7 +6,9 @@ torchrun), ``ddpkit run --run-path --start-method forkserver`` (workers forked f
 that imported torch once: a restart forks again from it) and ``torchrun --standalone``. For
 each, the median wall time of the job with its restart, of the plain job (`noop_job.py`),
 and their difference: the restart's cost. The job does no training (no checkpoint to load,
-nothing compiled): what is measured is the launcher's and the interpreters' part. A job
+nothing compiled): what is measured is the launcher's and the interpreters' part. A third
+job is a real one's start: ``examples/gpt.py`` to the end of its first optimizer step
+(``DDPKIT_MAX_STEPS=1``), launch to exit. A job
 that fails or hangs (60 s) is counted apart and said; torchrun's restart of this plain
 job did both here (its second attempt's gloo could not connect).
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +27,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
-JOBS = {"plain": str(HERE / "noop_job.py"), "restarted": str(HERE / "restart_job.py")}
+GPT = str(HERE.parent / "examples" / "gpt.py")
+# job -> (script, environment): DDPKIT_MAX_STEPS=1 ends the GPT example after its first step
+JOBS = {
+    "plain": (str(HERE / "noop_job.py"), {}),
+    "restarted": (str(HERE / "restart_job.py"), {}),
+    "gpt first step": (GPT, {"DDPKIT_MAX_STEPS": "1"}),
+}
 LAUNCHERS = {
     "ddpkit run": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"],
     "ddpkit run (forkserver)": [
@@ -38,11 +47,12 @@ LAUNCHERS = {
 }
 
 
-def time_once(command: list[str]) -> float:
+def time_once(command: list[str], env: dict[str, str]) -> float:
     """Seconds from launch to exit; NaN for a job that failed or hung (said once, below)."""
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **env})  # fmt: skip
     except subprocess.TimeoutExpired:
         return math.nan
     return time.perf_counter() - start if done.returncode == 0 else math.nan
@@ -62,12 +72,14 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {(la, job): [] for la in LAUNCHERS for job in JOBS}
     for _ in range(args.repeat):
         for (launcher, job), values in times.items():
-            values.append(time_once([*LAUNCHERS[launcher], JOBS[job]]))
+            script, env = JOBS[job]
+            values.append(time_once([*LAUNCHERS[launcher], script], env))
     for launcher in LAUNCHERS:
         plain, restarted = times[(launcher, "plain")], times[(launcher, "restarted")]
         cost = _median(restarted) - _median(plain)
         print(f"{launcher:24s} plain {summary(plain)}; with a restart {summary(restarted)}; "
-              f"the restart costs {cost:.2f} s")  # fmt: skip
+              f"the restart costs {cost:.2f} s; examples/gpt.py's first step and exit "
+              f"{summary(times[(launcher, 'gpt first step')])}")  # fmt: skip
 
 
 def _median(values: list[float]) -> float:
