@@ -2,7 +2,9 @@
 
 - ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
 - ``sys_exit3``, ``raise``: a failure on rank 1;
-- ``state``: each rank prints what a fresh interpreter would have (``state rank=...``).
+- ``state``: each rank prints what a fresh interpreter would have (``state rank=...``);
+- ``cuda``: whether CUDA was initialised before the script (never, by a warm server), then
+  an all-reduce on the GPU (the GPU tier).
 
 Each rank first meets the other in an all-reduce, so a rank that ends wrongly shows.
 """
@@ -21,8 +23,10 @@ MODE = sys.argv[1]
 
 
 def main() -> None:
+    if MODE == "cuda":
+        print(f"cuda initialised before the script: {torch.cuda.is_initialized()}", flush=True)
     world = ddpkit.init(timeout=60)
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=world.device))
     if MODE == "state":
         print(f"state rank={world.rank} threads={torch.get_num_threads()} "
               f"numpy={np.random.randint(1 << 30)} mp={multiprocessing.get_start_method()} "

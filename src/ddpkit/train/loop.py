@@ -30,6 +30,7 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
+from ddpkit.parallel.compilecache import keep_compiled
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
@@ -288,6 +289,8 @@ class TrainLoop:
         )  # fmt: skip
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
+        if saver is not None and saver.folder.local is not None:  # before the first compile
+            keep_compiled(run.models.values(), saver.folder.local, self.world.device)
         record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")

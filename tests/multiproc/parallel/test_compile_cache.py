@@ -1,0 +1,44 @@
+"""A compiled model's kernels are kept with the run's checkpoints: a resume in a fresh process
+reuses them instead of compiling again, and a machine whose fingerprint differs (another
+CPU instruction set) compiles anew rather than load kernels built for another machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers.launch_helpers import REPO, SCRIPTS
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
+
+
+def train(folder: Path, epochs: int, *cpu: str) -> dict[str, int]:
+    """One process, as on a new node: its own empty /tmp, where torch's default cache is."""
+    node = folder.parent / f"node-{epochs}"
+    node.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "compiled_resume.py"), str(folder), str(epochs), *cpu],
+        cwd=REPO, capture_output=True, text=True, timeout=200, env={**env, "TMPDIR": str(node)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("cache "))
+    return json.loads(line.removeprefix("cache "))
+
+
+def test_a_resume_reuses_the_kernels_and_another_machine_compiles_anew(tmp_path: Path) -> None:
+    tmp_path = tmp_path / "run"
+    first = train(tmp_path, 1)
+    assert first["miss"] > 0 and first["hit"] == 0, first  # a new run compiles
+    caches = list((tmp_path / "compile-cache").iterdir())
+    assert len(caches) == 1 and (caches[0] / "fingerprint.json").exists()
+    resumed = train(tmp_path, 2)  # a fresh process, as a restart or another node
+    assert resumed["hit"] > 0 and resumed["miss"] == 0, resumed
+    elsewhere = train(tmp_path, 3, "ANOTHER_ISA")
+    assert elsewhere["miss"] > 0 and elsewhere["hit"] == 0, elsewhere
+    assert len(list((tmp_path / "compile-cache").iterdir())) == 2
