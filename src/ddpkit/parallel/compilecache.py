@@ -115,3 +115,23 @@ def keep_compiled(
     if folder is not None:
         logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
     return folder
+
+
+def compile_summary(seconds: float) -> str:
+    """What compiling cost this rank up to now, for the line after the first step: the
+    graphs torch found in the cache and those it compiled (inductor's FX graph cache).
+
+    Example::
+
+        compile_summary(9.4)   # 'first step 9.4 s, compiling included: 12 graph(s) ...'
+    """
+    from torch._dynamo.utils import counters  # imported already when a model is compiled
+
+    found, built = (
+        counters["inductor"]["fxgraph_cache_hit"],
+        counters["inductor"]["fxgraph_cache_miss"],
+    )
+    return (
+        f"first step {seconds:.1f} s, compiling included: {found} graph(s) from the compile "
+        f"cache, {built} compiled"
+    )

@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from ddpkit._core.log import logger
 from ddpkit._core.validate import check_positive_int
 from ddpkit.data.batches import batches_in, to_device
 from ddpkit.errors import ConfigError
@@ -30,7 +32,8 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
-from ddpkit.parallel.compilecache import keep_compiled
+from ddpkit.parallel.compilecache import compile_summary, keep_compiled
+from ddpkit.parallel.compiled import uncompiled
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
@@ -131,6 +134,7 @@ class TrainLoop:
         self._signals: StopSignals | None = None
         self._even = True  # every rank has as many batches this epoch
         self._added: dict[str, float] = {}  # the epoch's metrics from outside its batches
+        self._compiling_since: float | None = None  # a compiled model's start, to its 1st step
 
     model = property(lambda self: self.run.model, doc="The model (several: a ModelGroup).")
     models = property(lambda self: self.run.models, doc="The models by name.")
@@ -291,6 +295,8 @@ class TrainLoop:
         saver = self.checkpointer
         if saver is not None and saver.folder.local is not None:  # before the first compile
             keep_compiled(run.models.values(), saver.folder.local, self.world.device)
+        if any(uncompiled(m) is not m for m in run.models.values()):
+            self._compiling_since = time.perf_counter()  # its first step says what it cost
         record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")
@@ -307,6 +313,9 @@ class TrainLoop:
         metrics = progress.end_batch(batch, self.guard.policy == "skip")
         self.observer.batch_done()
         stepped, signal = self.updater.end_group()
+        if stepped and self._compiling_since is not None:
+            logger.info(compile_summary(time.perf_counter() - self._compiling_since))
+            self._compiling_since = None
         if stepped:
             self.clock.step_done()
             progress.batches = index + 1

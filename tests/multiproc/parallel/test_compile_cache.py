@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ from helpers.launch_helpers import REPO, SCRIPTS
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
 
 
-def train(folder: Path, epochs: int, *cpu: str) -> dict[str, int]:
+def train(folder: Path, epochs: int, *cpu: str) -> dict[str, Any]:
     """One process, as on a new node: its own empty /tmp, where torch's default cache is."""
     node = folder.parent / f"node-{epochs}"
     node.mkdir()
@@ -28,7 +29,8 @@ def train(folder: Path, epochs: int, *cpu: str) -> dict[str, int]:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(x for x in done.stdout.splitlines() if x.startswith("cache "))
-    return json.loads(line.removeprefix("cache "))
+    said = [x for x in done.stdout.splitlines() if "compiling included" in x]
+    return {**json.loads(line.removeprefix("cache ")), "said": said}
 
 
 def test_a_resume_reuses_the_kernels_and_another_machine_compiles_anew(tmp_path: Path) -> None:
@@ -37,8 +39,12 @@ def test_a_resume_reuses_the_kernels_and_another_machine_compiles_anew(tmp_path:
     assert first["miss"] > 0 and first["hit"] == 0, first  # a new run compiles
     caches = list((tmp_path / "compile-cache").iterdir())
     assert len(caches) == 1 and (caches[0] / "fingerprint.json").exists()
+    assert first["said"] == [f"ddpkit: first step {first['said'][0].split()[3]} s, compiling "
+                             f"included: 0 graph(s) from the compile cache, {first['miss']} "
+                             "compiled"], first  # fmt: skip
     resumed = train(tmp_path, 2)  # a fresh process, as a restart or another node
     assert resumed["hit"] > 0 and resumed["miss"] == 0, resumed
+    assert f"{resumed['hit']} graph(s) from the compile cache, 0 compiled" in resumed["said"][0]
     elsewhere = train(tmp_path, 3, "ANOTHER_ISA")
     assert elsewhere["miss"] > 0 and elsewhere["hit"] == 0, elsewhere
     assert len(list((tmp_path / "compile-cache").iterdir())) == 2
