@@ -186,8 +186,9 @@ def console_env(plan: LaunchPlan, terminal: bool | None = None) -> dict[str, str
     the launcher's stdout), draw progress bars and fit them to its width, less the prefix.
 
     Example:
-        >>> sorted(console_env(LaunchPlan(nproc=2), terminal=False))
-        ['DDPKIT_ONE_STREAM', 'PYTHONUNBUFFERED']
+        >>> sorted(console_env(LaunchPlan(nproc=2), terminal=False)) == [ONE_STREAM_ENV,
+        ...                                                             "PYTHONUNBUFFERED"]
+        True
         >>> console_env(LaunchPlan(nproc=2, merge_output=False))
         {}
     """

@@ -6,8 +6,10 @@ form is checked here, so a typo fails before any worker starts.
 Example:
     >>> import argparse
     >>> parser = argparse.ArgumentParser(); add_profile_arguments(parser)
-    >>> profile_settings(parser.parse_args(["--profile", "200-205", "--profile-ranks", "slow"]))
-    {'DDPKIT_PROFILE': '200-205', 'DDPKIT_PROFILE_RANKS': 'slow'}
+    >>> settings = profile_settings(
+    ...     parser.parse_args(["--profile", "200-205", "--profile-ranks", "slow"]))
+    >>> settings == {PROFILE_ENV: "200-205", PROFILE_RANKS_ENV: "slow"}
+    True
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
@@ -181,8 +182,6 @@ def checked_options(cls: StrategyClass) -> StrategyClass:
 
 def _owners(option: str) -> str:
     """ " (DDPStrategy has)": the strategies that have ``option``, to say where it belongs."""
-    import importlib
-
     classes = {type(getattr(importlib.import_module(m), a)) for m, _, a in
                (path.partition(":") for path in STRATEGY_MODULES.values())}  # fmt: skip
     owners = sorted(c.__name__ for c in classes if option in c.fields())

@@ -109,12 +109,22 @@ def keep_compiled(
     Example:
         >>> keep_compiled([torch.nn.Linear(1, 1)], Path("runs/x"), torch.device("cpu"))
     """
-    if not any(uncompiled(model) is not model for model in models):
+    if not any_compiled(models):
         return None
     folder = keep_with_run(run_folder, device)
     if folder is not None:
         logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
     return folder
+
+
+def any_compiled(models: Iterable[nn.Module]) -> bool:
+    """Whether any of ``models`` is compiled (``prepare_model(compile=...)``).
+
+    Example:
+        >>> any_compiled([torch.nn.Linear(1, 1)])
+        False
+    """
+    return any(uncompiled(model) is not model for model in models)
 
 
 def compile_summary(seconds: float) -> str:

@@ -32,8 +32,7 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
-from ddpkit.parallel.compilecache import compile_summary, keep_compiled
-from ddpkit.parallel.compiled import uncompiled
+from ddpkit.parallel.compilecache import any_compiled, compile_summary, keep_compiled
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
@@ -295,7 +294,7 @@ class TrainLoop:
         saver = self.checkpointer
         if saver is not None and saver.folder.local is not None:  # before the first compile
             keep_compiled(run.models.values(), saver.folder.local, self.world.device)
-        if any(uncompiled(m) is not m for m in run.models.values()):
+        if any_compiled(run.models.values()):
             self._compiling_since = time.perf_counter()  # its first step says what it cost
         record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
