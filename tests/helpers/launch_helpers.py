@@ -46,11 +46,14 @@ def _rank_count(ranks: str) -> int:
     return sum(int(span[-1]) - int(span[0]) + 1 for span in spans)
 
 
-def ddpkit_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run the ``ddpkit`` command from the repository root, as a user would."""
+def ddpkit_cli(
+    *args: str, timeout: float = 120, input: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the ``ddpkit`` command from the repository root, as a user would (``input``: what
+    its standard input holds)."""
     return subprocess.run(
         [sys.executable, "-m", "ddpkit", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, input=input,
     )  # fmt: skip
 
 

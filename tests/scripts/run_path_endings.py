@@ -3,15 +3,21 @@
 - ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
 - ``sys_exit3``, ``raise``: a failure on rank 1;
 - ``state``: each rank prints what a fresh interpreter would have (``state rank=...``);
+- ``exit_handlers``: a non-daemon thread, a thread pool left open and an ``atexit`` handler,
+  each printing when it runs; ``stdin``: rank 0 prints the line it reads from stdin;
 - ``cuda``: whether CUDA was initialised before the script (never, by a warm server), then
   an all-reduce on the GPU (the GPU tier).
 
 Each rank first meets the other in an all-reduce, so a rank that ends wrongly shows.
 """
 
+import atexit
+import concurrent.futures
 import multiprocessing
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 import torch
@@ -31,6 +37,10 @@ def main() -> None:
         print(f"state rank={world.rank} threads={torch.get_num_threads()} "
               f"numpy={np.random.randint(1 << 30)} mp={multiprocessing.get_start_method()} "
               f"main={__name__} argv={sys.argv[1:]}", flush=True)  # fmt: skip
+    if MODE == "exit_handlers":
+        leave_work_behind(world.rank)
+    if MODE == "stdin" and world.rank == 0:
+        print(f"read from stdin: {sys.stdin.readline().strip()!r}", flush=True)
     if MODE == "sys_exit":
         sys.exit()
     if MODE == "sys_exit0":
@@ -52,6 +62,18 @@ def main() -> None:
                 loop.backward(model(x).sum())
                 loop.optimizer_step()
         print("after the loop: never", flush=True)
+
+
+def leave_work_behind(rank: int) -> None:
+    """What Python finishes after the script: its threads, its pools, its exit handlers."""
+
+    def late(what: str) -> None:
+        time.sleep(0.5)
+        print(f"{what} done on rank {rank}", flush=True)
+
+    threading.Thread(target=late, args=("thread",)).start()
+    concurrent.futures.ThreadPoolExecutor(1).submit(late, "pool task")  # never shut down
+    atexit.register(print, f"atexit handler on rank {rank}", flush=True)
 
 
 if __name__ == "__main__":

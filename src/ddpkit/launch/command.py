@@ -12,14 +12,17 @@ Example:
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ddpkit._core.protocol import HANG_TIMEOUT_ENV
+from ddpkit._core.system import threads_per_worker
 from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
-from ddpkit.launch.launcher import run_script
-from ddpkit.launch.plan import LaunchPlan, plan_from_pod, plan_from_slurm
+from ddpkit.errors import ConfigError
+from ddpkit.launch.forkserver import start_warm_server
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
 from ddpkit.launch.torchrun_flags import (
@@ -30,6 +33,13 @@ from ddpkit.launch.torchrun_flags import (
     rendezvous_flags,
     resolve_nproc,
 )
+
+if TYPE_CHECKING:
+    from ddpkit.launch.plan import LaunchPlan
+
+# torch's launcher: imported by parse() (after a warm server is on its way), not with this
+# module, so that `ddpkit run --start-method forkserver`'s server imports torch meanwhile.
+LAUNCHER = "ddpkit.launch.launcher"
 
 HELP = "launch a training script on N worker processes (torchrun's command line)"
 DESCRIPTION = (
@@ -95,6 +105,30 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     add_profile_arguments(run)
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
+    """``run``'s command line parsed; then torch's launcher imported (the seconds in which
+    ``ddpkit``'s entry point only notes a stop signal). With ``--run-path --start-method
+    forkserver`` the workers' server starts first, so both import torch at once.
+
+    Example::
+
+        args = parse(parser, ["--nproc", "2", "train.py"])
+    """
+    args = parser.parse_args(argv)
+    if args.run_path and args.start_method == "forkserver":
+        start_warm_server({**_threads(args), **worker_settings(args)})
+    importlib.import_module(LAUNCHER)
+    return args
+
+
+def _threads(args: argparse.Namespace) -> dict[str, str]:
+    """The workers' OMP_NUM_THREADS default (the launcher's own rule), for the warm server."""
+    try:
+        return {"OMP_NUM_THREADS": str(threads_per_worker(resolve_nproc(args.nproc_per_node)))}
+    except ConfigError:  # said by the launcher, with the fix, once it runs
+        return {}
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the script as the flags ask; 0 when every worker succeeded.
 
@@ -106,7 +140,8 @@ def main(args: argparse.Namespace) -> int:
     program = Program(args.training_script, tuple(args.training_script_args),
                       module=args.module, no_python=args.no_python,
                       run_path=args.run_path)  # fmt: skip
-    run_script(launch_plan(args), program, worker_settings(args))
+    launcher = importlib.import_module(LAUNCHER)
+    launcher.run_script(launch_plan(args), program, worker_settings(args))
     return 0
 
 
@@ -135,6 +170,8 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         >>> launch_plan(parser.parse_args(["--nproc", "2", "train.py"]), environ={}).mode
         'local'
     """
+    from ddpkit.launch.plan import LaunchPlan, plan_from_pod, plan_from_slurm
+
     env = os.environ if environ is None else environ
     pod = detect_pod_job(env)
     from_pod = pod is not None and not _rendezvous_given(args, env)

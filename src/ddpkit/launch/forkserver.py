@@ -19,12 +19,18 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
+import sys
 from collections.abc import Mapping
+from multiprocessing import forkserver
 
-# Imported by the server once, inherited by every worker it forks.
-PRELOADED = ("ddpkit.launch.forkserver", "torch._dynamo")
+from ddpkit._core.protocol import WARM_SERVER_ENV
+
+# Imported by the server once, inherited by every worker it forks: torch with dynamo (which
+# the first optimizer step imports), ddpkit's training API and the workers' first module.
+PRELOADED = ("ddpkit.launch.forkserver", "torch._dynamo", "ddpkit", "ddpkit.launch.worker")
 
 # Set by torch's agent for each rank whatever the caller's environment holds (its
 # ``worker_env`` and the error file), so a value equal to the server's is still torch's.
@@ -56,6 +62,32 @@ def warm_start_method() -> str:
     return "forkserver"
 
 
+def start_warm_server(server_env: Mapping[str, str]) -> str:
+    """Start the server now, so that it imports torch while the caller goes on (``ddpkit
+    run`` imports torch's launcher meanwhile: on two cores the two imports overlap instead of
+    following each other). Returns the start method, as :func:`warm_start_method`.
+
+    The server starts with this process's environment plus ``server_env`` (the workers'
+    settings ddpkit adds, such as ``OMP_NUM_THREADS``, which libraries read when they load);
+    variables already set are kept, as the workers keep them.
+
+    Example::
+
+        start_warm_server({"OMP_NUM_THREADS": "1"})   # before `import torch` in the launcher
+    """
+    method = warm_start_method()
+    if method == "forkserver":
+        server_env = {**server_env, WARM_SERVER_ENV: str(os.getpid())}
+        added = {k: v for k, v in server_env.items() if k not in os.environ}
+        os.environ.update(added)
+        try:
+            forkserver.ensure_running()
+        finally:
+            for name in added:
+                os.environ.pop(name, None)
+    return method
+
+
 def restore_launch_environment(launch_env: Mapping[str, str]) -> None:
     """Make this worker's environment ``launch_env`` plus what torch set for this rank.
 
@@ -76,3 +108,39 @@ def restore_launch_environment(launch_env: Mapping[str, str]) -> None:
 def _set_for_this_rank(name: str, value: str) -> bool:
     per_rank = name in _PER_RANK or name.startswith(_PER_RANK_PREFIX)
     return per_rank or _STARTING_ENV.get(name) != value
+
+
+def take_launcher_stdin() -> None:
+    """Give this forked worker the launcher's standard input, as a fresh ``python script.py``
+    under ``ddpkit run`` has (``input()``, ``breakpoint()``); Python's forkserver closed it
+    before forking. Does nothing outside a server ``ddpkit run`` started.
+
+    Example::
+
+        take_launcher_stdin()   # first thing in a worker forked by the warm server
+    """
+    global _launcher_stdin
+    if _launcher_stdin is None:
+        return
+    os.dup2(_launcher_stdin, 0)
+    os.close(_launcher_stdin)
+    _launcher_stdin = None
+    sys.stdin = open(0, encoding=sys.stdin.encoding, closefd=False)  # noqa: SIM115 (it is stdin)
+
+
+def _serve_like_a_launch() -> int | None:
+    """In the server ``ddpkit run`` started (this module is one it preloads): keep a copy of
+    the launcher's stdin for the workers, and leave at once when the launcher is gone. A
+    server that ends as Python does, tearing torch down, held the launcher's output open
+    for 0.7-0.9 s after the job ended (a caller reading it waited)."""
+    if os.environ.get(WARM_SERVER_ENV) != str(os.getppid()):
+        return None
+    server = os.getpid()
+    atexit.register(lambda: os.getpid() == server and os._exit(0))  # not in a forked worker
+    try:
+        return os.dup(0)
+    except OSError:  # the launcher had no stdin
+        return None
+
+
+_launcher_stdin = _serve_like_a_launch()

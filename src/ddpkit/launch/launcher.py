@@ -47,7 +47,7 @@ from ddpkit._core.protocol import (
     STOP_SIGNALS,
     RecordKind,
 )
-from ddpkit._core.system import listening_pid, loopback_interface, usable_cores
+from ddpkit._core.system import listening_pid, loopback_interface, threads_per_worker
 from ddpkit._core.torchversion import torch_at_least
 from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.errors import (
@@ -58,7 +58,7 @@ from ddpkit.errors import (
     StoppedBySignalError,
 )
 from ddpkit.launch.failures import diagnose, recorded
-from ddpkit.launch.forkserver import warm_start_method
+from ddpkit.launch.forkserver import start_warm_server, warm_start_method
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
@@ -133,6 +133,8 @@ def run_script(
     _announce(plan, defaults, started)
     _wait_for_master_name(plan)
     env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
+    if callable(command) and plan.start_method == "forkserver":
+        start_warm_server(env)  # `ddpkit run` started it already, before importing torch
     with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
         # a function worker (--run-path) carries this launch's environment and lifeline
@@ -261,7 +263,7 @@ def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
         >>> "OMP_NUM_THREADS" in defaults or "OMP_NUM_THREADS" in os.environ
         True
     """
-    defaults = {"OMP_NUM_THREADS": str(max(1, usable_cores() // plan.nproc))}
+    defaults = {"OMP_NUM_THREADS": str(threads_per_worker(plan.nproc))}
     loopback = loopback_interface()
     if loopback is not None and plan.mode == "local":
         defaults["GLOO_SOCKET_IFNAME"] = loopback

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib
 import importlib.util
@@ -43,6 +44,7 @@ from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
+from ddpkit.launch.forkserver import take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
 
 
@@ -101,16 +103,44 @@ class RunPath:
 
     def __call__(self, *argv: str) -> None:
         fresh_process_state()
+        take_launcher_stdin()
         prepare_worker()
         real_exit = os._exit
         os._exit = _returning_exit(real_exit)
+        exiting_as_python = True
         try:
             _run_as_main(list(argv), self.module)
+        except _LeftAtOnce:
+            exiting_as_python = False  # os._exit(0) skips them in a fresh interpreter too
         except SystemExit as stop:
             if stop.code not in (None, 0):
                 raise
         finally:
             os._exit = real_exit
+            if exiting_as_python:
+                exit_as_python_does()
+
+
+class _LeftAtOnce(SystemExit):
+    """The script called ``os._exit(0)`` on the main thread: a success, without exit handlers."""
+
+
+def exit_as_python_does() -> None:
+    """What Python does once the main module ends, which a function worker must do itself
+    (a forked one ends by ``os._exit``; a spawned one would, after torch's launcher stopped
+    sending its output to the console): stop the thread pools (their ``threading`` exit
+    hooks), wait for the script's non-daemon threads, run its ``atexit`` handlers.
+
+    Example::
+
+        exit_as_python_does()   # after the script, in a worker started from a function
+    """
+    for hook in reversed(getattr(threading, "_threading_atexits", [])):  # executors' shutdown
+        hook()
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
 
 
 def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
@@ -136,7 +166,7 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
 def _returning_exit(real_exit: Any) -> Any:
     def exit_(code: int) -> None:
         if code == 0 and threading.current_thread() is threading.main_thread():
-            raise SystemExit(0)  # returned by RunPath: torch's agent gets its result
+            raise _LeftAtOnce(0)  # returned by RunPath: torch's agent gets its result
         real_exit(code)
 
     return exit_

@@ -17,9 +17,9 @@ SCRIPT = str(SCRIPTS / "run_path_endings.py")
 METHODS = ["spawn", "forkserver"]
 
 
-def run(mode: str, method: str) -> tuple[int, str]:
+def run(mode: str, method: str, stdin: str | None = None) -> tuple[int, str]:
     done = ddpkit_cli("run", "--nproc", "2", "--run-path", "--start-method", method, SCRIPT,
-                      mode, timeout=150)  # fmt: skip
+                      mode, timeout=150, input=stdin)  # fmt: skip
     return done.returncode, done.stdout + done.stderr
 
 
@@ -67,3 +67,22 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
     assert len(draws) == 2, f"NumPy drew the same on every rank: {states}"
     if method == "forkserver":
         assert "workers forked from a server that imported torch once" in out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_threads_pools_and_exit_handlers_finish_as_after_a_fresh_interpreter(method: str) -> None:
+    code, out = run("exit_handlers", method)
+    assert code == 0, out
+    for rank in (0, 1):
+        said = [f"[rank{rank}] {what} done on rank {rank}" for what in ("thread", "pool task")]
+        handler = f"[rank{rank}] atexit handler on rank {rank}"  # in the rank's own output
+        assert all(line in out for line in [*said, handler]), out
+        assert max(out.index(line) for line in said) < out.index(handler), out
+
+
+def test_a_forked_worker_reads_the_launchers_stdin() -> None:
+    """A warm worker has ``ddpkit run``'s stdin (``input()``, ``breakpoint()``), as a fresh
+    ``python`` does; Python's forkserver closes it (a spawned function worker keeps
+    /dev/null there, as under torchrun --run-path)."""
+    code, out = run("stdin", "forkserver", stdin="the first line\nthe second\n")
+    assert code == 0 and "[rank0] read from stdin: 'the first line'" in out, out
