@@ -33,11 +33,11 @@ import torch
 from torch import nn
 
 from ddpkit._core.atomicfile import atomic_write
-from ddpkit._core.log import logger
 from ddpkit.parallel.compiled import uncompiled
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's own setting, read each time it is used
 CACHE_FOLDER = "compile-cache"
+FINGERPRINT_FILE = "fingerprint.json"  # what the folder's kernels were built for
 
 
 def fingerprint(device: torch.device) -> dict[str, str]:
@@ -89,7 +89,7 @@ def keep_with_run(
     folder = cache_folder(run_folder, device)
     folder.mkdir(parents=True, exist_ok=True)
     facts = json.dumps(fingerprint(device), indent=1).encode()
-    atomic_write(folder / "fingerprint.json", lambda out: out.write(facts))
+    atomic_write(folder / FINGERPRINT_FILE, lambda out: out.write(facts))
     env[CACHE_ENV] = str(folder.resolve())
     return folder
 
@@ -99,22 +99,6 @@ def _torch_default() -> str:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
     return default_cache_dir()
-
-
-def keep_compiled(
-    models: Iterable[nn.Module], run_folder: Path, device: torch.device
-) -> Path | None:
-    """:func:`keep_with_run` when any of ``models`` is compiled, said once; else nothing.
-
-    Example:
-        >>> keep_compiled([torch.nn.Linear(1, 1)], Path("runs/x"), torch.device("cpu"))
-    """
-    if not any_compiled(models):
-        return None
-    folder = keep_with_run(run_folder, device)
-    if folder is not None:
-        logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
-    return folder
 
 
 def any_compiled(models: Iterable[nn.Module]) -> bool:
@@ -135,13 +119,20 @@ def compile_summary(seconds: float) -> str:
 
         compile_summary(9.4)   # 'first step 9.4 s, compiling included: 12 graph(s) ...'
     """
-    from torch._dynamo.utils import counters  # imported already when a model is compiled
-
-    found, built = (
-        counters["inductor"]["fxgraph_cache_hit"],
-        counters["inductor"]["fxgraph_cache_miss"],
-    )
+    found, built = cache_counts()
     return (
         f"first step {seconds:.1f} s, compiling included: {found} graph(s) from the compile "
         f"cache, {built} compiled"
     )
+
+
+def cache_counts() -> tuple[int, int]:
+    """The graphs this process found in inductor's FX graph cache, and those it compiled.
+
+    Example::
+
+        found, built = cache_counts()
+    """
+    from torch._dynamo.utils import counters  # imported already when a model is compiled
+
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]

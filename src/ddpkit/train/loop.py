@@ -14,13 +14,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
-from ddpkit._core.log import logger
 from ddpkit._core.validate import check_positive_int
 from ddpkit.data.batches import batches_in, to_device
 from ddpkit.errors import ConfigError
@@ -32,13 +30,13 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
-from ddpkit.parallel.compilecache import any_compiled, compile_summary, keep_compiled
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, record_training_start
 from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
+from ddpkit.train.kernels import CompiledRun, kernels_for_run
 from ddpkit.train.monitor import StepMonitor, backward_label
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision
@@ -133,7 +131,7 @@ class TrainLoop:
         self._signals: StopSignals | None = None
         self._even = True  # every rank has as many batches this epoch
         self._added: dict[str, float] = {}  # the epoch's metrics from outside its batches
-        self._compiling_since: float | None = None  # a compiled model's start, to its 1st step
+        self._compiled: CompiledRun | None = None  # a compiled model's run, to its first step
 
     model = property(lambda self: self.run.model, doc="The model (several: a ModelGroup).")
     models = property(lambda self: self.run.models, doc="The models by name.")
@@ -292,10 +290,8 @@ class TrainLoop:
         )  # fmt: skip
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
-        if saver is not None and saver.folder.local is not None:  # before the first compile
-            keep_compiled(run.models.values(), saver.folder.local, self.world.device)
-        if any_compiled(run.models.values()):
-            self._compiling_since = time.perf_counter()  # its first step says what it cost
+        folder = saver.folder if saver is not None else None  # kernels kept before compiling
+        self._compiled = kernels_for_run(run.models.values(), folder, self.world.device)
         record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")
@@ -312,9 +308,9 @@ class TrainLoop:
         metrics = progress.end_batch(batch, self.guard.policy == "skip")
         self.observer.batch_done()
         stepped, signal = self.updater.end_group()
-        if stepped and self._compiling_since is not None:
-            logger.info(compile_summary(time.perf_counter() - self._compiling_since))
-            self._compiling_since = None
+        if stepped and self._compiled is not None:
+            self._compiled.first_step_done(self.world.rank)
+            self._compiled = None
         if stepped:
             self.clock.step_done()
             progress.batches = index + 1

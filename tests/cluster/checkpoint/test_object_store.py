@@ -9,6 +9,7 @@ resumed from the bucket.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -176,3 +177,32 @@ def test_the_newest_checkpoint_in_the_bucket_exports_to_one_safetensors_file(
     exported = load_file(str(result.path))
     assert exported.keys() == final.keys()
     assert all(torch.equal(exported[name], tensor) for name, tensor in final.items())
+
+
+@pytest.mark.timeout(300)
+def test_a_compiled_run_in_the_bucket_compiles_once_for_every_node(
+    url: str, tmp_path: Path
+) -> None:
+    """Each run on a new node (an empty TMPDIR, so no local compile cache): the first
+    compiles and carries its kernels into the bucket; the resume on another node unpacks
+    them and compiles nothing."""
+    first = _compiled_run(url, 1, tmp_path / "node-1")
+    assert first["miss"] > 0 and first["hit"] == 0, first
+    assert f"{url}/compile-cache/" in first["said"] and "KB; a resume on any node" in first["said"]
+    resumed = _compiled_run(url, 2, tmp_path / "node-2")
+    assert resumed["hit"] > 0 and resumed["miss"] == 0, resumed
+    assert f"KB from {url}/compile-cache/" in resumed["said"], resumed["said"]
+    assert f"{resumed['hit']} graph(s) from the compile cache, 0 compiled" in resumed["said"]
+
+
+def _compiled_run(url: str, epochs: int, node: Path) -> dict[str, object]:
+    node.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / "compiled_resume.py"), url, str(epochs)],
+        cwd=REPO, capture_output=True, text=True, timeout=250, env={**env, "TMPDIR": str(node)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(x for x in done.stdout.splitlines() if x.startswith("cache "))
+    said = "\n".join(x for x in done.stdout.splitlines() if "compile" in x)
+    return {**json.loads(line.removeprefix("cache ")), "said": said}

@@ -1,0 +1,128 @@
+"""A compiled model's kernels kept with its run's checkpoints, wherever those are, and what
+compiling cost its first step.
+
+A checkpoint folder on a file system holds torch's compile cache itself
+(:func:`ddpkit.parallel.compilecache.keep_with_run`). An object store cannot be torch's cache:
+there each node compiles into a folder of its temporary directory, named by the store's URL,
+and the run carries that folder in the store as one archive per machine fingerprint
+(``compile-cache/<fingerprint>.tar.gz``). It is unpacked before the first compile when the
+store has it, and written back by rank 0 after a first step that compiled something new; so
+a pod recreated on a node with an empty disk does not compile again what the run compiled.
+The archive holds compiled code: keep the bucket writable by the run alone, as its
+checkpoints.
+
+Example::
+
+    kernels = kernels_for_run(models, checkpointer.folder, world.device)   # before step 1
+    kernels.first_step_done(world.rank)                                     # after it
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ddpkit._core.log import logger
+from ddpkit.checkpoint.archives import fetch_archive, store_archive
+from ddpkit.checkpoint.storage import CheckpointFolder, ObjectFolder
+from ddpkit.parallel.compilecache import (
+    CACHE_FOLDER,
+    FINGERPRINT_FILE,
+    any_compiled,
+    cache_counts,
+    compile_summary,
+    keep_with_run,
+)
+
+
+class CompiledRun:
+    """A compiled model's run from its start to its first step: where its kernels are kept
+    (``folder``; ``store`` when they travel in an object store), and since when it compiles.
+
+    Example::
+
+        CompiledRun(None, None).first_step_done(rank=0)   # says what the first step cost
+    """
+
+    def __init__(self, folder: Path | None, store: ObjectFolder | None) -> None:
+        self.folder, self.store = folder, store
+        self.started = time.perf_counter()
+
+    def first_step_done(self, rank: int) -> None:
+        """Say what compiling cost the first step; rank 0 then carries new kernels to the store."""
+        logger.info(compile_summary(time.perf_counter() - self.started))
+        if self.store is None or self.folder is None or rank != 0 or cache_counts()[1] == 0:
+            return
+        name = archive_name(self.folder)
+        size = store_archive(self.store, name, self.folder)
+        logger.info(f"compiled kernels kept with the run: {self.store.location(name)} "
+                    f"({size / 1024:.0f} KB; a resume on any node unpacks them)")  # fmt: skip
+
+
+def kernels_for_run(
+    models: Iterable[nn.Module], checkpoints: CheckpointFolder | None, device: torch.device
+) -> CompiledRun | None:
+    """For a compiled model: keep its kernels with the run's ``checkpoints`` (taking those
+    the run kept before), and time its first step; None when nothing is compiled.
+
+    Example:
+        >>> kernels_for_run([torch.nn.Linear(1, 1)], None, torch.device("cpu")) is None
+        True
+    """
+    if not any_compiled(models):
+        return None
+    if checkpoints is None:
+        return CompiledRun(None, None)
+    if checkpoints.local is not None:
+        folder = keep_with_run(checkpoints.local, device)
+        if folder is not None:
+            logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
+        return CompiledRun(folder, None)
+    store = checkpoints if isinstance(checkpoints, ObjectFolder) else None
+    return CompiledRun(_unpacked_from(store, device) if store else None, store)
+
+
+def archive_name(folder: Path) -> str:
+    """The archive of a node's kernel folder in the store: ``compile-cache/<fingerprint>.tar.gz``.
+
+    Example:
+        >>> archive_name(Path("/tmp/x/compile-cache/3f0c"))
+        'compile-cache/3f0c.tar.gz'
+    """
+    return f"{CACHE_FOLDER}/{folder.name}.tar.gz"
+
+
+def _unpacked_from(store: ObjectFolder, device: torch.device) -> Path | None:
+    """This node's folder for the store's kernels, filled from its archive when empty (one
+    rank per node unpacks; the others wait for it)."""
+    root = Path(tempfile.gettempdir()) / "ddpkit-compile-cache"
+    folder = keep_with_run(root / hashlib.sha256(store.url.encode()).hexdigest()[:16], device)
+    if folder is None:  # the user's own TORCHINDUCTOR_CACHE_DIR
+        return None
+    with _node_lock(folder):
+        if any(entry.name != FINGERPRINT_FILE for entry in folder.iterdir()):
+            logger.info(f"compiled kernels of the run already on this node in {folder}")
+            return folder
+        size = fetch_archive(store, archive_name(folder), folder)
+    where = store.location(archive_name(folder))
+    logger.info(
+        f"compiled kernels of the run: {size / 1024:.0f} KB from {where}, in {folder}"
+        if size
+        else f"no compiled kernels in {where} yet for this machine: compiling, then kept there"
+    )
+    return folder
+
+
+@contextlib.contextmanager
+def _node_lock(folder: Path) -> Iterator[None]:
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
