@@ -119,6 +119,15 @@ class RunPath:
             os._exit = real_exit
             if exiting_as_python:
                 exit_as_python_does()
+        _stopped_once_finished()
+
+
+def _stopped_once_finished() -> None:
+    """A function worker that finished lives on until torch's agent has every rank's result;
+    a stop meanwhile (a peer failed) ends it with 0 and leaves its record "finished", as a
+    fresh interpreter that had already ended would be."""
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), lambda *_: os._exit(0))
 
 
 class _LeftAtOnce(SystemExit):
