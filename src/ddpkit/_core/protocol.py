@@ -60,6 +60,7 @@ GRACE_PERIOD_ENV = "DDPKIT_GRACE_PERIOD"  # the pod's terminationGracePeriodSeco
 # --- internal channels: a launcher or a ddpkit command steers its workers (each one's setter
 # and reader: docs/architecture.md, "The internal channels"); not for users to set ----------
 LAUNCHER_PID_ENV = "DDPKIT_LAUNCHER_PID"  # workers die with this process (lifeline)
+STDIN_LIFELINE_ENV = "DDPKIT_STDIN_LIFELINE"  # 1: ddpkit run stops its job at stdin's end (ssh)
 WARM_SERVER_ENV = "DDPKIT_WARM_SERVER"  # the launcher's pid, in the warm server it started
 WORKER_SETUP_ENV = "DDPKIT_WORKER_SETUP"  # "module:function" run before the script
 LAUNCHER_REPORTS_ENV = "DDPKIT_LAUNCHER_REPORTS"  # 1: the launcher prints the traceback once

@@ -26,15 +26,20 @@ def expand_hostlist(spec: str) -> list[str]:
         ['a1', 'b2', 'b3']
     """
     hosts: list[str] = []
-    for item in _split_top_level(spec.strip()):
+    for item in split_hostlist(spec.strip()):
         hosts.extend(_expand_item(item, spec))
     if not hosts:
         raise ConfigError(f"host list {spec!r} names no hosts")
     return hosts
 
 
-def _split_top_level(spec: str) -> list[str]:
-    """Split on commas that are not inside brackets."""
+def split_hostlist(spec: str) -> list[str]:
+    """Split on the commas that are not inside brackets.
+
+    Example:
+        >>> split_hostlist("gpu[01-02]:4,b")
+        ['gpu[01-02]:4', 'b']
+    """
     items, depth, start = [], 0, 0
     for i, char in enumerate(spec):
         depth += {"[": 1, "]": -1}.get(char, 0)

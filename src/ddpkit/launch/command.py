@@ -23,6 +23,8 @@ from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
 from ddpkit.errors import ConfigError
 from ddpkit.launch.forkserver import start_warm_server
+from ddpkit.launch.hosts import add_host_arguments, hosts_given, run_hosts
+from ddpkit.launch.lifeline import stop_at_end_of_input
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
 from ddpkit.launch.torchrun_flags import (
@@ -103,6 +105,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         "shapes (TORCH_DISTRIBUTED_DEBUG=DETAIL; slower, for debugging)",
     )
     add_profile_arguments(run)
+    add_host_arguments(run)
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -115,6 +118,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
         args = parse(parser, ["--nproc", "2", "train.py"])
     """
     args = parser.parse_args(argv)
+    args.argv = list(argv)  # --hosts passes it on to every host
     if args.run_path and args.start_method == "forkserver":
         start_warm_server({**_threads(args), **worker_settings(args)})
     importlib.import_module(LAUNCHER)
@@ -137,6 +141,9 @@ def main(args: argparse.Namespace) -> int:
         main(parser.parse_args(["--nproc", "2", "examples/wine.py"]))
     """
     check_supported(args)
+    if hosts_given(args):
+        return run_hosts(args, getattr(args, "argv", []))
+    stop_at_end_of_input()  # started by --hosts over ssh: its connection is its lifeline
     program = Program(args.training_script, tuple(args.training_script_args),
                       module=args.module, no_python=args.no_python,
                       run_path=args.run_path)  # fmt: skip

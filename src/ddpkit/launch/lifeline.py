@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ddpkit._core.protocol import LAUNCHER_PID_ENV
+from ddpkit._core.protocol import LAUNCHER_PID_ENV, STDIN_LIFELINE_ENV
 from ddpkit.launch.forkserver import restore_launch_environment
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -102,3 +103,26 @@ class Tied:
         restore_launch_environment(self.launch_env)
         die_with_launcher()
         return self.fn(*args)
+
+
+def stop_at_end_of_input(environ: Mapping[str, str] | None = None) -> bool:
+    """Under ``ddpkit run --hosts`` (``DDPKIT_STDIN_LIFELINE=1``), stop this launcher with
+    SIGTERM when its standard input ends: the ssh connection that started it is gone (the
+    launching side stopped, was killed, or the network was lost), so its workers stop and
+    none trains on alone. Whether the watch was started.
+
+    Example:
+        >>> stop_at_end_of_input(environ={})  # not started by ddpkit run --hosts
+        False
+    """
+    if (os.environ if environ is None else environ).get(STDIN_LIFELINE_ENV) != "1":
+        return False
+
+    def watch() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while os.read(0, 65536):
+                pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="ddpkit-stdin-lifeline", daemon=True).start()
+    return True

@@ -1,0 +1,130 @@
+"""What each host of ``ddpkit run --hosts`` runs: ``ddpkit run`` in the same folder with the
+same Python, its node rank and the rendezvous endpoint filled in, and the environment the
+job needs.
+
+The environment each host gets: the variables named by :data:`FORWARDED_PREFIXES` and
+:data:`FORWARDED_NAMES` as they are here (ddpkit's settings, the collectives', torch's,
+``PYTHONPATH``, the trackers'), then the ``.ddpkit_env`` file of the working folder (``NAME=VALUE``
+lines, as DeepSpeed's ``.deepspeed_env``), then ``--env NAME[=VALUE]`` (a bare NAME: its value
+here). A host's own login environment comes first; these win over it.
+
+Example:
+    >>> plan = RemotePlan(hosts=[Host("a"), Host("b")], nproc="2", port=29500, argv=["t.py"])
+    >>> plan.arguments(1)
+    ['--nnodes', '2', '--node-rank', '1', '--master', 'a:29500', '--nproc', '2', 't.py']
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpkit._core.protocol import STDIN_LIFELINE_ENV
+from ddpkit.env.hostfile import Host
+from ddpkit.errors import ConfigError
+
+FORWARDED_PREFIXES = ("DDPKIT_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "WANDB_",
+                      "MLFLOW_", "AWS_", "HF_")  # fmt: skip
+FORWARDED_NAMES = ("PYTHONPATH", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
+ENV_FILE = ".ddpkit_env"
+
+
+@dataclass(frozen=True)
+class RemotePlan:
+    """One job over ``hosts``: what every host's ``ddpkit run`` is given.
+
+    ``argv`` is the ``ddpkit run`` command line less the host options (flags and script);
+    ``nnodes`` is ``--nnodes`` as given (``MIN:MAX`` makes the job elastic: nodes meet at
+    the first host's c10d store instead of taking fixed ranks).
+
+    Example:
+        >>> RemotePlan([Host("a"), Host("b")], "2", 29500, ["t.py"], nnodes="1:2").arguments(0)[:4]
+        ['--nnodes', '1:2', '--rdzv-backend', 'c10d']
+    """
+
+    hosts: list[Host]
+    nproc: str  # --nproc as given (a number, or gpu/cpu/auto), resolved on each host
+    port: int
+    argv: list[str]
+    nnodes: str | None = None
+    python: str = sys.executable
+    cwd: str = field(default_factory=os.getcwd)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+    @property
+    def first(self) -> str:
+        """Where the nodes meet: the first host's address."""
+        return self.hosts[0].address
+
+    def min_nodes(self) -> int:
+        """The fewest nodes the job runs on: MIN of ``--nnodes MIN:MAX``, else every host.
+
+        Example:
+            >>> RemotePlan([Host("a"), Host("b"), Host("c")], "1", 1, [], nnodes="2:3").min_nodes()
+            2
+        """
+        if self.nnodes is not None and ":" in self.nnodes:
+            return int(self.nnodes.split(":")[0])
+        return len(self.hosts)
+
+    def arguments(self, index: int) -> list[str]:
+        """``ddpkit run``'s arguments on host ``index``."""
+        workers = ["--nproc", self.hosts[index].workers(self.nproc)]
+        if self.nnodes is not None and ":" in self.nnodes:
+            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.first}:{self.port}",
+                    "--rdzv-id", self.run_id]  # fmt: skip
+            return ["--nnodes", self.nnodes, *meet, *workers, *self.argv]
+        fixed = ["--node-rank", str(index), "--master", f"{self.first}:{self.port}"]
+        return ["--nnodes", str(len(self.hosts)), *fixed, *workers, *self.argv]
+
+    def command(self, index: int, env: Mapping[str, str]) -> str:
+        """The shell line ssh runs on host ``index``: into the folder, then ``ddpkit run``
+        with ``env``, ending when the connection does (its stdin's end)."""
+        settings = [f"{k}={v}" for k, v in sorted({**env, STDIN_LIFELINE_ENV: "1"}.items())]
+        run = [self.python, "-m", "ddpkit", "run", *self.arguments(index)]
+        words = " ".join(shlex.quote(w) for w in ["env", *settings, *run])
+        return f"cd {shlex.quote(self.cwd)} && exec {words}"
+
+
+def forwarded_environment(
+    asked: Sequence[str], environ: Mapping[str, str] | None = None, folder: str | None = None
+) -> dict[str, str]:
+    """The variables every host gets: the forwarded ones, ``.ddpkit_env``, then ``asked``
+    (``--env NAME[=VALUE]``).
+
+    Example:
+        >>> forwarded_environment(["SEED=3", "HOME"], {"NCCL_DEBUG": "INFO", "HOME": "/me"})
+        {'NCCL_DEBUG': 'INFO', 'SEED': '3', 'HOME': '/me'}
+    """
+    env = os.environ if environ is None else environ
+    chosen = {k: v for k, v in env.items() if k.startswith(FORWARDED_PREFIXES)}
+    chosen.update({k: env[k] for k in FORWARDED_NAMES if k in env})
+    chosen.update(_env_file(Path(folder or os.getcwd()) / ENV_FILE))
+    for item in asked:
+        name, equals, value = item.partition("=")
+        if not name.isidentifier():
+            raise ConfigError(f"--env {item!r}: give NAME=VALUE, or NAME for its value here")
+        if not equals and name not in env:
+            raise ConfigError(f"--env {name}: {name} is not set here; give {name}=VALUE")
+        chosen[name] = value if equals else env[name]
+    return chosen
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    found: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        name, equals, value = text.partition("=")
+        if not equals or not name.strip().isidentifier():
+            raise ConfigError(f"{path} line {number}: {line!r} is not NAME=VALUE")
+        found[name.strip()] = value.strip()
+    return found

@@ -1,0 +1,156 @@
+"""``ddpkit run --hosts`` against real ssh servers: Debian's OpenSSH in network namespaces
+as hosts (:mod:`helpers.sshd`), root logging in by a key the test made.
+
+One command trains on two hosts as one host does; an unreachable host or a refused key is
+named before anything starts; a launcher killed with SIGKILL leaves nothing running on any
+host; an elastic job goes on when a host is lost.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers.launch_helpers import REPO, metric_lines, processes_running
+from helpers.netns import VirtualHost, virtual_hosts
+from helpers.sshd import ssh_servers
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[VirtualHost], Path]]:
+    """Three hosts with sshd, and the ssh config file that reaches them by name."""
+    folder = tmp_path_factory.mktemp("ssh")
+    with virtual_hosts(3, prefix="sshhost") as made, ssh_servers(made, folder) as config:
+        yield made, config
+
+
+def ddpkit_hosts(config: Path, *argv: str, **popen: object) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "ddpkit", "run", "--ssh-config", str(config),
+               "--env", "GLOO_SOCKET_IFNAME=eth0", *argv]  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=REPO, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen
+    )  # type: ignore[call-overload]
+
+
+def test_two_hosts_of_two_train_as_one_host_of_four(hosts: tuple[list[VirtualHost], Path]) -> None:
+    made, config = hosts
+    spread = f"{made[0].name}:2,{made[1].name}:2"
+    job = ddpkit_hosts(config, "--hosts", spread, "examples/wine.py", "--epochs", "3")
+    out = job.communicate(timeout=240)[0]
+    assert job.returncode == 0, out
+    assert "world size 4 (2 processes per node x 2 nodes)" in out, out
+    assert f"[{made[0].name}] [rank0] epoch 3/3" in out, out  # labelled with its host
+    one = subprocess.run([sys.executable, "-m", "ddpkit", "run", "--nproc", "4",
+                          "examples/wine.py", "--epochs", "3"],
+                         cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
+    lines = [line.split("] ", 1)[-1] for line in out.splitlines()]
+    assert metric_lines("\n".join(lines)) == metric_lines(one.stdout) != [], (out, one.stdout)
+
+
+def test_an_unreachable_host_or_a_refused_key_is_named_and_nothing_starts(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    made, config = hosts
+    subnet = made[0].address.rsplit(".", 1)[0]
+    extra = tmp_path / "ssh_config"  # the first value ssh finds wins: these come before *
+    extra.write_text(
+        f"Host ghost\n  HostName {subnet}.250\nHost stranger\n  HostName "
+        f"{made[2].address}\n  User ddpkit-no-such-user\n" + config.read_text()
+    )
+    marker = str(tmp_path / "never-started")
+    start = time.monotonic()
+    job = ddpkit_hosts(extra, "--hosts", f"{made[0].name},ghost,stranger", "examples/wine.py",
+                       "--checkpoint-dir", marker)  # fmt: skip
+    out = job.communicate(timeout=60)[0]
+    took = time.monotonic() - start
+    assert job.returncode == 2, out
+    assert "host ghost: ssh cannot log in" in out and "host stranger: ssh cannot log in" in out
+    assert "Permission denied" in out and f"host {made[0].name}" not in out, out
+    assert took < 15, f"named after {took:.1f} s"
+    assert not processes_running(marker) and not Path(marker).exists()
+
+
+def test_a_launcher_killed_with_sigkill_leaves_nothing_on_any_host(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    made, config = hosts
+    marker = str(tmp_path / "killed-run")
+    job = ddpkit_hosts(
+        config,
+        "--hosts",
+        f"{made[0].name},{made[1].name}",
+        "examples/wine.py",
+        "--epochs",
+        "100000",
+        "--checkpoint-dir",
+        marker,
+        start_new_session=True,
+    )
+    _wait_for_line(job, "epoch 1/")
+    os.kill(job.pid, signal.SIGKILL)  # the launcher alone, as `kill -9 PID`
+    deadline = time.monotonic() + 60
+    while processes_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_running(marker), "a host's job outlived its launcher"
+
+
+def test_an_elastic_job_loses_a_host_and_goes_on(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    made, config = hosts
+    marker = str(tmp_path / "elastic-run")
+    job = ddpkit_hosts(config, "--hosts", ",".join(h.name for h in made), "--nnodes", "2:3",
+                       "--max-restarts", "2", "examples/wine.py", "--epochs", "40",
+                       "--checkpoint-dir", marker)  # fmt: skip
+    seen = _wait_for_line(job, "epoch 2/")
+    lost = _launcher_on(made[2], marker)
+    os.kill(lost, signal.SIGKILL)  # the third host's launcher and its workers' lifeline go
+    out = seen + job.communicate(timeout=240)[0]
+    assert job.returncode == 0, out
+    assert f"host {made[2].name} left" in out, out
+    assert "epoch 40/40" in out and "(1 process per node x 2 nodes)" in out, out
+
+
+def _wait_for_line(job: subprocess.Popen[str], text: str, timeout: float = 180) -> str:
+    """The output up to the first line holding ``text``; the job goes on."""
+    assert job.stdout is not None
+    seen: list[str] = []
+    found = threading.Event()
+
+    def read() -> None:
+        for line in job.stdout:  # type: ignore[union-attr]
+            seen.append(line)
+            if text in line:
+                found.set()
+                return
+
+    threading.Thread(target=read, daemon=True).start()
+    assert found.wait(timeout), "".join(seen)
+    return "".join(seen)
+
+
+def _launcher_on(host: VirtualHost, marker: str) -> int:
+    """The pid of the ``ddpkit run`` that ssh started on ``host``."""
+    for pid in processes_running(marker):
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        launcher = cmdline[1:4] == [b"-m", b"ddpkit", b"run"]
+        if launcher and b"DDPKIT_STDIN_LIFELINE=1" in environ and _on(pid, host):
+            return pid
+    raise AssertionError(f"no ddpkit run of {marker} on {host.name}")
+
+
+def _on(pid: int, host: VirtualHost) -> bool:
+    """Whether process ``pid`` runs in ``host``'s network namespace."""
+    mine = os.stat(f"/proc/{pid}/ns/net").st_ino
+    return mine == os.stat(f"/run/netns/{host.namespace}").st_ino

@@ -1,0 +1,150 @@
+"""``ddpkit run --hosts``: the hosts read from every form other launchers write, what each
+host is told, the environment it gets, and each preflight finding named with its fix."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddpkit.env.hostfile import Host, parse_hosts, read_hostfile
+from ddpkit.errors import ConfigError
+from ddpkit.launch.command import add_arguments
+from ddpkit.launch.hosts import remote_plan
+from ddpkit.launch.remote import RemotePlan, forwarded_environment
+from ddpkit.launch.ssh import _judge
+
+HOSTFILE = """
+# DeepSpeed and Open MPI
+gpu01 slots=4
+gpu02 slots=4 max_slots=8
+gpu03:4        # MPICH
+login          # --nproc's workers
+node[7-8] slots=2
+"""
+
+
+def test_every_hostfile_form_is_read() -> None:
+    assert [str(h) for h in read_hostfile(HOSTFILE)] == [
+        "gpu01:4", "gpu02:4", "gpu03:4", "login", "node7:2", "node8:2",
+    ]  # fmt: skip
+    assert parse_hosts("a:2,me@b,c[1-2]:3") == [
+        Host("a", 2),
+        Host("me@b"),
+        Host("c1", 3),
+        Host("c2", 3),
+    ]
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("a slots=two", r"hostfile line 1: 'slots=two' is not understood"),
+    ("a:0", r"'a:0': a host needs at least 1 worker"),
+    ("a:4 slots=4", r"gives the workers twice"),
+    ("a\nb\nme@a", r"names a twice: give each host once"),
+    ("# nothing\n", r"hostfile names no hosts"),
+])  # fmt: skip
+def test_a_wrong_hostfile_line_is_named(text: str, said: str) -> None:
+    with pytest.raises(ConfigError, match=said):
+        read_hostfile(text)
+
+
+def parsed(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    args.argv = list(argv)
+    return args
+
+
+def test_each_host_gets_its_rank_the_meeting_point_and_the_rest_as_given() -> None:
+    args = parsed("--hosts", "a:4,b", "--nproc", "2", "--max-restarts", "1", "--master-port",
+                  "29600", "--env", "X=1", "t.py", "--nproc", "9")  # fmt: skip
+    plan = remote_plan(args, args.argv)
+    assert plan.arguments(0) == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master",
+        "a:29600",
+        "--nproc",
+        "4",
+        "--max-restarts",
+        "1",
+        "t.py",
+        "--nproc",
+        "9",
+    ]
+    assert plan.arguments(1)[:7] == ["--nnodes", "2", "--node-rank", "1", "--master", "a:29600",
+                                     "--nproc"] and plan.arguments(1)[7] == "2"  # fmt: skip
+
+
+def test_an_elastic_range_meets_at_the_first_hosts_store() -> None:
+    args = parsed("--hosts", "a,b,c", "--nnodes", "2:3", "t.py")
+    words = remote_plan(args, args.argv).arguments(2)
+    assert words[:6] == ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", "a:29500"]
+    assert "--node-rank" not in words
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (("--hosts", "a,b", "--hostfile", "h", "t.py"), "give --hosts or --hostfile, not both"),
+    (("--hosts", "a,b", "--master", "x:1", "t.py"), "meet at the first host; drop --master"),
+    (("--hosts", "a,b", "--nnodes", "3", "t.py"), "--nnodes 3 with 2 host"),
+    (("--hosts", "a,b,c", "--nnodes", "1:2", "t.py"), "MAX at least 3"),
+    (("--hostfile", "/no/such/file", "t.py"), "--hostfile /no/such/file: cannot be read"),
+])  # fmt: skip
+def test_flags_that_contradict_the_hosts_are_refused(argv: tuple[str, ...], said: str) -> None:
+    args = parsed(*argv)
+    with pytest.raises(ConfigError, match=said.replace("(", r"\(")):
+        remote_plan(args, args.argv)
+
+
+def test_the_environment_forwarded_then_the_env_file_then_env_flags(tmp_path: Path) -> None:
+    (tmp_path / ".ddpkit_env").write_text("# for every host\nDATA=/shared/data\nSEED = 4\n")
+    here = {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/src", "HOME": "/me", "SECRET": "x", "Z": "z"}
+    env = forwarded_environment(["SEED=5", "Z"], here, str(tmp_path))
+    assert env == {"NCCL_DEBUG": "INFO", "PYTHONPATH": "/src", "DATA": "/shared/data",
+                   "SEED": "5", "Z": "z"}  # fmt: skip
+    with pytest.raises(ConfigError, match="--env NOPE: NOPE is not set here"):
+        forwarded_environment(["NOPE"], here, str(tmp_path))
+
+
+def test_the_remote_line_quotes_what_the_shell_would_split() -> None:
+    plan = RemotePlan([Host("a")], "1", 29500, ["t.py", "a b"], cwd="/my runs", python="/py")
+    line = plan.command(0, {"MSG": "it's"})
+    assert line.startswith("cd '/my runs' && exec env DDPKIT_STDIN_LIFELINE=1 'MSG=it'\"'\"'s' /py")
+    assert line.endswith("t.py 'a b'")
+
+
+def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess([], code, out, err)
+
+
+PLAN = RemotePlan([Host("a"), Host("b")], "1", 29500, ["t.py"], cwd="/w", python="/py")
+OK = '"ddpkit": "{d}", "torch": "{t}", "script": {s}, "port_free": {p}'
+
+
+def probe(script: str = "true", port: str = "true", torch: str | None = None) -> str:
+    from importlib.metadata import version
+
+    found = OK.format(d=version("ddpkit"), t=torch or version("torch"), s=script, p=port)
+    return "ddpkit-probe {" + found + "}\n"
+
+
+@pytest.mark.parametrize(("result", "said"), [
+    (done(255, err="ssh: connect to host b port 22: No route to host"),
+     "host b: ssh cannot log in (ssh: connect to host b port 22: No route to host)"),
+    (done(255, err="root@b: Permission denied (publickey)."), "ssh cannot log in (root@b"),
+    (done(127, err="sh: 1: exec: /py: not found"), "host b: could not run /py in /w"),
+    (done(0, probe(torch="2.0.0")), "host b: torch 2.0.0 there"),
+    (done(0, probe(script="false")), "host b: t.py does not exist there"),
+    (done(0, probe(port="false")), "port 29500 is in use there; give another with --master-port"),
+    (done(0, probe()), ""),
+])  # fmt: skip
+def test_each_preflight_finding_names_the_host_and_the_fix(
+    result: subprocess.CompletedProcess[str], said: str
+) -> None:
+    found = _judge(PLAN, Host("b"), "t.py", 29500, result)
+    assert (said in found) if said else found == "", found
