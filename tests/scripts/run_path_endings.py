@@ -36,7 +36,8 @@ def main() -> None:
     if MODE == "state":
         print(f"state rank={world.rank} threads={torch.get_num_threads()} "
               f"numpy={np.random.randint(1 << 30)} mp={multiprocessing.get_start_method()} "
-              f"main={__name__} argv={sys.argv[1:]}", flush=True)  # fmt: skip
+              f"main={__name__} session={os.getsid(0) == os.getpid()} "
+              f"argv={sys.argv[1:]}", flush=True)  # fmt: skip
     if MODE == "exit_handlers":
         leave_work_behind(world.rank)
     if MODE == "stdin" and world.rank == 0:

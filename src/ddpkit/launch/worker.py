@@ -102,6 +102,8 @@ class RunPath:
         self.__name__ = "run_path"  # torch's launcher names the entrypoint by it
 
     def __call__(self, *argv: str) -> None:
+        with contextlib.suppress(OSError):  # a session of its own, as torch gives a fresh worker:
+            os.setsid()  # Ctrl-C at a terminal reaches the launcher, which stops every worker
         fresh_process_state()
         take_launcher_stdin()
         prepare_worker()

@@ -62,6 +62,7 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
         fields = dict(part.split("=", 1) for part in state.split(" "))
         assert fields["threads"] == "1" and fields["main"] == "__main__", state
         assert fields["mp"] == "fork", state  # the script's own pools: the platform default
+        assert fields["session"] == "True", state  # a terminal's Ctrl-C reaches the launcher
         assert fields["argv"] == "['state']", state
         draws.add(fields["numpy"])
     assert len(draws) == 2, f"NumPy drew the same on every rank: {states}"
