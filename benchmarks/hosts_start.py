@@ -32,8 +32,9 @@ ENV = {**os.environ, "DDPKIT_MAX_STEPS": "1", "GLOO_SOCKET_IFNAME": "eth0"}
 
 
 def over_ssh(hosts: list[VirtualHost], config: Path) -> float:
+    names = ",".join(h.name for h in hosts)
     command = [sys.executable, "-m", "ddpkit", "run", "--ssh-config", str(config), "--hosts",
-               ",".join(h.name for h in hosts), "--env", "GLOO_SOCKET_IFNAME=eth0", *SCRIPT]  # fmt: skip
+               names, "--env", "GLOO_SOCKET_IFNAME=eth0", *SCRIPT]  # fmt: skip
     return _timed([command])
 
 
@@ -60,12 +61,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    with virtual_hosts(2, prefix="benchhost") as hosts, tempfile.TemporaryDirectory() as scratch:
-        with ssh_servers(hosts, Path(scratch)) as config:
-            times: dict[str, list[float]] = {"--hosts over ssh": [], "by hand": []}
-            for _ in range(args.repeat):
-                times["--hosts over ssh"].append(over_ssh(hosts, config))
-                times["by hand"].append(by_hand(hosts))
+    times: dict[str, list[float]] = {"--hosts over ssh": [], "by hand": []}
+    with (
+        virtual_hosts(2, prefix="benchhost") as hosts,
+        tempfile.TemporaryDirectory() as scratch,
+        ssh_servers(hosts, Path(scratch)) as config,
+    ):
+        for _ in range(args.repeat):
+            times["--hosts over ssh"].append(over_ssh(hosts, config))
+            times["by hand"].append(by_hand(hosts))
     medians = {name: statistics.median(values) for name, values in times.items()}
     for name, values in times.items():
         runs = ", ".join(f"{v:.2f}" for v in values)

@@ -39,8 +39,8 @@ from ddpkit.launch.torchrun_flags import (
 if TYPE_CHECKING:
     from ddpkit.launch.plan import LaunchPlan
 
-# torch's launcher: imported by parse() (after a warm server is on its way), not with this
-# module, so that `ddpkit run --start-method forkserver`'s server imports torch meanwhile.
+# torch's launcher: imported by parse(), not with this module: `ddpkit run --hosts` needs
+# none here, and a warm server is on its way first.
 LAUNCHER = "ddpkit.launch.launcher"
 
 HELP = "launch a training script on N worker processes (torchrun's command line)"
@@ -111,7 +111,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """``run``'s command line parsed; then torch's launcher imported (the seconds in which
     ``ddpkit``'s entry point only notes a stop signal). With ``--run-path --start-method
-    forkserver`` the workers' server starts first, so both import torch at once.
+    forkserver`` the workers' server starts first, importing torch._dynamo and ddpkit while
+    the launcher's modules load; ``--hosts`` imports no launcher here.
 
     Example::
 
@@ -121,7 +122,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     args.argv = list(argv)  # --hosts passes it on to every host
     if args.run_path and args.start_method == "forkserver":
         start_warm_server({**_threads(args), **worker_settings(args)})
-    importlib.import_module(LAUNCHER)
+    if not hosts_given(args):  # --hosts starts ddpkit run on each host: no torch here
+        importlib.import_module(LAUNCHER)
     return args
 
 

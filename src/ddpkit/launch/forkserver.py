@@ -63,9 +63,9 @@ def warm_start_method() -> str:
 
 
 def start_warm_server(server_env: Mapping[str, str]) -> str:
-    """Start the server now, so that it imports torch while the caller goes on (``ddpkit
-    run`` imports torch's launcher meanwhile: on two cores the two imports overlap instead of
-    following each other). Returns the start method, as :func:`warm_start_method`.
+    """Start the server now, so that it imports what it preloads while the caller goes on
+    (``ddpkit run`` loads torch's launcher meanwhile), not when the first worker is asked
+    for. Returns the start method, as :func:`warm_start_method`.
 
     The server starts with this process's environment plus ``server_env`` (the workers'
     settings ddpkit adds, such as ``OMP_NUM_THREADS``, which libraries read when they load);
@@ -73,7 +73,7 @@ def start_warm_server(server_env: Mapping[str, str]) -> str:
 
     Example::
 
-        start_warm_server({"OMP_NUM_THREADS": "1"})   # before `import torch` in the launcher
+        start_warm_server({"OMP_NUM_THREADS": "1"})   # as soon as the command line is parsed
     """
     method = warm_start_method()
     if method == "forkserver":

@@ -134,7 +134,7 @@ def run_script(
     _wait_for_master_name(plan)
     env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
     if callable(command) and plan.start_method == "forkserver":
-        start_warm_server(env)  # `ddpkit run` started it already, before importing torch
+        start_warm_server(env)  # `ddpkit run` started it already, once its flags were parsed
     with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
         # a function worker (--run-path) carries this launch's environment and lifeline

@@ -40,15 +40,15 @@ STOP_GRACE_S = 30  # a host's job gets this long to checkpoint and stop before s
 # Run on each host by preflight: versions, and whether the script is there and the port free.
 _PROBE = """
 import json, os, socket, sys
-from importlib.metadata import version
-try:
-    import ddpkit, torch
+from importlib.metadata import PackageNotFoundError, version
+try:  # the installed versions, without importing torch (seconds)
     found = {"ddpkit": version("ddpkit"), "torch": version("torch")}
-except Exception as err:
-    found = {"error": f"{type(err).__name__}: {err}"}
+except PackageNotFoundError as err:
+    found = {"error": f"{err} is not installed"}
 found["script"] = os.path.exists(sys.argv[1])
 if sys.argv[2] != "0":
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
         try:
             s.bind(("", int(sys.argv[2]))); found["port_free"] = True
         except OSError:
@@ -122,13 +122,13 @@ def _judge(
             "folder and Python must exist there (a shared file system, or --remote-python)"
         )
     found = json.loads(lines[-1].removeprefix("ddpkit-probe "))
-    return _compare(host, found, script, port)
+    return _compare(host, found, script, port, plan.python)
 
 
-def _compare(host: Host, found: Mapping[str, object], script: str, port: int) -> str:
+def _compare(host: Host, found: Mapping[str, object], script: str, port: int, python: str) -> str:
     here = {"ddpkit": metadata.version("ddpkit"), "torch": metadata.version("torch")}
     if "error" in found:
-        return f"host {host.name}: ddpkit or torch cannot be imported there ({found['error']})"
+        return f"host {host.name}: {found['error']} for {python} there (or give --remote-python)"
     differ = [f"{k} {found[k]} there, {v} here" for k, v in here.items() if found.get(k) != v]
     if differ:
         return f"host {host.name}: {'; '.join(differ)}: install the same versions on every host"
