@@ -46,7 +46,7 @@ test: test-notice $(VENV)/.test-installed lint typecheck docs
 test-notice:
 	@echo "make test: installs into $(VENV) (torch $(patsubst torch==%,%,$(TORCH_SPEC)) CPU + test tools, pinned by $(LOCK)) and"
 	@echo "  $(OLDEST_VENV) (torch $(OLDEST_TORCH), a ~5.7 GB CUDA build, for test-oldest), each once, then kept;"
-	@echo "  as root, the cluster tests install Debian's slurm, munge and OpenMPI with apt-get the first time."
+	@echo "  as root, the cluster tests install Debian's slurm, munge, OpenMPI and OpenSSH server with apt-get the first time."
 	@echo "  Then lint, types, every test tier, and test-oldest: about 41 minutes on 2 cores, 55 on a slow day (docs/benchmarks.md)."
 
 # The other end of the supported range: unit tier, doctests, one 2-worker DDP run through

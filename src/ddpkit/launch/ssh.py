@@ -19,42 +19,62 @@ Example::
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 
 from ddpkit._core.log import command_logger
 from ddpkit.env.hostfile import Host
-from ddpkit.errors import ConfigError
+from ddpkit.errors import ConfigError, StoppedBySignalError
 from ddpkit.launch.remote import RemotePlan
 
 CONNECT_TIMEOUT_S = 5
 STOP_GRACE_S = 30  # a host's job gets this long to checkpoint and stop before ssh is cut
 
-# Run on each host by preflight: versions, and whether the script is there and the port free.
+# Run on each host by preflight (argv: script, port, peers, first host or "-", seconds): the
+# installed versions, whether the script is there, and the link: the first host listens on
+# the rendezvous port until every other host has connected to it (as doctor --nodes checks).
 _PROBE = """
-import json, os, socket, sys
+import json, os, socket, sys, time
 from importlib.metadata import PackageNotFoundError, version
+script, port, peers, first, link = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:]
 try:  # the installed versions, without importing torch (seconds)
     found = {"ddpkit": version("ddpkit"), "torch": version("torch")}
 except PackageNotFoundError as err:
     found = {"error": f"{err} is not installed"}
-found["script"] = os.path.exists(sys.argv[1])
-if sys.argv[2] != "0":
+found["script"] = os.path.exists(script)
+deadline = time.monotonic() + float(link)
+if first == "-":
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
         try:
-            s.bind(("", int(sys.argv[2]))); found["port_free"] = True
+            s.bind(("", port)); s.listen(); found["port_free"] = True
         except OSError:
             found["port_free"] = False
+        while found["port_free"] and peers and time.monotonic() < deadline:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                s.accept()[0].close(); peers -= 1
+            except OSError:
+                break
+else:
+    found["reaches_first"] = False
+    while time.monotonic() < deadline and not found["reaches_first"]:
+        try:
+            socket.create_connection((first, port), 1).close(); found["reaches_first"] = True
+        except OSError:
+            time.sleep(0.1)
 print("ddpkit-probe " + json.dumps(found))
 """
+LINK_TIMEOUT_S = 5  # how long the other hosts try to reach the first one's port
 
 
 @dataclass(frozen=True)
@@ -83,32 +103,32 @@ def preflight(plan: RemotePlan, script: str, ssh: Ssh) -> None:
         preflight(plan, "train.py", Ssh())
     """
     with concurrent.futures.ThreadPoolExecutor(len(plan.hosts)) as pool:
-        problems = list(
-            pool.map(lambda i: _check_host(plan, i, script, ssh), range(len(plan.hosts)))
-        )
-    found = [problem for problem in problems if problem]
-    if found:
-        raise ConfigError("not started on any host:\n" + "\n".join(found))
+        found = list(pool.map(lambda i: _check_host(plan, i, script, ssh), range(len(plan.hosts))))
+    if found[0]:  # the others could not reach a first host that did not listen: not theirs
+        found[1:] = [problem for problem in found[1:] if _UNREACHED not in problem]
+    problems = [problem for problem in found if problem]
+    if problems:
+        raise ConfigError("not started on any host:\n" + "\n".join(problems))
 
 
 def _check_host(plan: RemotePlan, index: int, script: str, ssh: Ssh) -> str:
     host = plan.hosts[index]
-    port = plan.port if index == 0 else 0
-    probe = (
-        f"cd {shlex.quote(plan.cwd)} && exec {shlex.quote(plan.python)} -c {shlex.quote(_PROBE)}"
-    )
-    argv = ssh.argv(host, f"{probe} {shlex.quote(script)} {port}")
+    python, folder = shlex.quote(plan.python), shlex.quote(plan.cwd)
+    link = [str(len(plan.hosts) - 1), "-"] if index == 0 else ["0", plan.first]
+    words = " ".join(shlex.quote(w) for w in [script, str(plan.port), *link, str(LINK_TIMEOUT_S)])
+    argv = ssh.argv(host, f"cd {folder} && exec {python} -c {shlex.quote(_PROBE)} {words}")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S + 60,
                               stdin=subprocess.DEVNULL)  # fmt: skip
     except subprocess.TimeoutExpired:
         return f"host {host.name}: no answer within {CONNECT_TIMEOUT_S + 60} s"
-    return _judge(plan, host, script, port, done)
+    return _judge(plan, index, script, done)
 
 
 def _judge(
-    plan: RemotePlan, host: Host, script: str, port: int, done: subprocess.CompletedProcess[str]
+    plan: RemotePlan, index: int, script: str, done: subprocess.CompletedProcess[str]
 ) -> str:
+    host = plan.hosts[index]
     said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
     lines = [x for x in done.stdout.splitlines() if x.startswith("ddpkit-probe ")]
     if done.returncode == 255 or (not lines and "ssh:" in said) or "Permission denied" in said:
@@ -122,20 +142,29 @@ def _judge(
             "folder and Python must exist there (a shared file system, or --remote-python)"
         )
     found = json.loads(lines[-1].removeprefix("ddpkit-probe "))
-    return _compare(host, found, script, port, plan.python)
+    return _compare(plan, index, found, script)
 
 
-def _compare(host: Host, found: Mapping[str, object], script: str, port: int, python: str) -> str:
+_UNREACHED = "cannot reach"
+
+
+def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: str) -> str:
+    host, port = plan.hosts[index], plan.port
     here = {"ddpkit": metadata.version("ddpkit"), "torch": metadata.version("torch")}
     if "error" in found:
-        return f"host {host.name}: {found['error']} for {python} there (or give --remote-python)"
+        return f"host {host.name}: {found['error']} for {plan.python} there (or --remote-python)"
     differ = [f"{k} {found[k]} there, {v} here" for k, v in here.items() if found.get(k) != v]
     if differ:
         return f"host {host.name}: {'; '.join(differ)}: install the same versions on every host"
     if not found["script"]:
         return f"host {host.name}: {script} does not exist there (in the same folder)"
-    if port and not found.get("port_free"):
+    if index == 0 and not found.get("port_free"):
         return f"host {host.name}: port {port} is in use there; give another with --master-port"
+    if index > 0 and not found.get("reaches_first"):
+        return (
+            f"host {host.name}: {_UNREACHED} {plan.first}:{port}, where the nodes meet, within "
+            f"{LINK_TIMEOUT_S} s (a firewall, or {plan.first} names another address there)"
+        )
     return ""
 
 
@@ -154,9 +183,27 @@ def run_on_hosts(plan: RemotePlan, env: Mapping[str, str], ssh: Ssh) -> int:
     )
     jobs = [_start(plan, i, env, ssh) for i in range(len(plan.hosts))]
     try:
-        return _wait(plan, jobs)
+        with _stopped_by_signals():
+            return _wait(plan, jobs)
     finally:
         _stop(jobs)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals() -> Iterator[None]:
+    """Ctrl-C, SIGTERM or SIGUSR1 here stop the job on every host (each checkpoints first),
+    then end this launcher as ``ddpkit run`` ends on one node: StoppedBySignalError."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise StoppedBySignalError(signal.Signals(signum).name, signum)
+
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    previous = {sig: signal.signal(sig, stop) for sig in stops}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _start(

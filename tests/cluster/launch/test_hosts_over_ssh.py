@@ -9,6 +9,7 @@ host; an elastic job goes on when a host is lost.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.jobs import children
 from helpers.launch_helpers import REPO, metric_lines, processes_running
 from helpers.netns import VirtualHost, virtual_hosts
 from helpers.sshd import ssh_servers
@@ -102,6 +104,64 @@ def test_a_launcher_killed_with_sigkill_leaves_nothing_on_any_host(
     while processes_running(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not processes_running(marker), "a host's job outlived its launcher"
+
+
+def test_ctrl_c_stops_every_host_after_its_checkpoint(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    made, config = hosts
+    marker = str(tmp_path / "interrupted-run")
+    job = ddpkit_hosts(config, "--hosts", f"{made[0].name},{made[1].name}", "examples/wine.py",
+                       "--epochs", "100000", "--checkpoint-dir", marker)  # fmt: skip
+    seen = _wait_for_line(job, "epoch 2/")
+    job.send_signal(signal.SIGINT)
+    out = seen + job.communicate(timeout=120)[0]
+    assert job.returncode == 130 and "got SIGINT; all workers were stopped" in out, out
+    for host in made[:2]:  # each host's workers saved where they were, their lines relayed
+        assert re.search(rf"\[{host.name}\] .*stopped by SIGTERM .* after saving", out), out
+    assert not processes_running(marker)
+
+
+def test_a_lost_connection_stops_that_hosts_job_and_then_every_host(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    made, config = hosts
+    marker = str(tmp_path / "cut-run")
+    job = ddpkit_hosts(config, "--hosts", f"{made[0].name},{made[1].name}", "examples/wine.py",
+                       "--epochs", "100000", "--checkpoint-dir", marker)  # fmt: skip
+    seen = _wait_for_line(job, "epoch 1/")
+    [client] = [pid for pid in children(job.pid) if _cmdline(pid)[:1] == ["ssh"]
+                and made[1].name in _cmdline(pid)]  # fmt: skip
+    os.kill(client, signal.SIGKILL)  # as a network that drops: the server sees it close
+    out = seen + job.communicate(timeout=120)[0]
+    assert job.returncode != 0 and f"host {made[1].name} failed" in out, out
+    deadline = time.monotonic() + 60
+    while processes_running(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not processes_running(marker), "a job outlived its connection"
+
+
+def test_a_host_that_cannot_reach_the_first_is_named(
+    hosts: tuple[list[VirtualHost], Path],
+) -> None:
+    made, config = hosts
+    route = ["ip", "netns", "exec", made[1].namespace, "ip", "route"]
+    subprocess.run([*route, "add", "blackhole", f"{made[0].address}/32"], check=True)
+    try:
+        two = f"{made[0].name},{made[1].name}"
+        job = ddpkit_hosts(config, "--hosts", two, "examples/wine.py", "--epochs", "1")
+        out = job.communicate(timeout=60)[0]
+    finally:
+        subprocess.run([*route, "del", "blackhole", f"{made[0].address}/32"], check=True)
+    assert job.returncode == 2, out
+    assert f"host {made[1].name}: cannot reach {made[0].name}:29500, where the nodes meet" in out
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    except OSError:
+        return []
 
 
 def test_an_elastic_job_loses_a_host_and_goes_on(

@@ -123,28 +123,31 @@ def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess
 
 
 PLAN = RemotePlan([Host("a"), Host("b")], "1", 29500, ["t.py"], cwd="/w", python="/py")
-OK = '"ddpkit": "{d}", "torch": "{t}", "script": {s}, "port_free": {p}'
+OK = '"ddpkit": "{d}", "torch": "{t}", "script": {s}, "port_free": {p}, "reaches_first": {r}'
 
 
-def probe(script: str = "true", port: str = "true", torch: str | None = None) -> str:
+def probe(script: str = "true", port: str = "true", torch: str | None = None,
+          reaches: str = "true") -> str:  # fmt: skip
     from importlib.metadata import version
 
-    found = OK.format(d=version("ddpkit"), t=torch or version("torch"), s=script, p=port)
+    found = OK.format(d=version("ddpkit"), t=torch or version("torch"), s=script, p=port, r=reaches)
     return "ddpkit-probe {" + found + "}\n"
 
 
-@pytest.mark.parametrize(("result", "said"), [
-    (done(255, err="ssh: connect to host b port 22: No route to host"),
+@pytest.mark.parametrize(("index", "result", "said"), [
+    (1, done(255, err="ssh: connect to host b port 22: No route to host"),
      "host b: ssh cannot log in (ssh: connect to host b port 22: No route to host)"),
-    (done(255, err="root@b: Permission denied (publickey)."), "ssh cannot log in (root@b"),
-    (done(127, err="sh: 1: exec: /py: not found"), "host b: could not run /py in /w"),
-    (done(0, probe(torch="2.0.0")), "host b: torch 2.0.0 there"),
-    (done(0, probe(script="false")), "host b: t.py does not exist there"),
-    (done(0, probe(port="false")), "port 29500 is in use there; give another with --master-port"),
-    (done(0, probe()), ""),
+    (1, done(255, err="root@b: Permission denied (publickey)."), "ssh cannot log in (root@b"),
+    (1, done(127, err="sh: 1: exec: /py: not found"), "host b: could not run /py in /w"),
+    (1, done(0, probe(torch="2.0.0")), "host b: torch 2.0.0 there"),
+    (1, done(0, probe(script="false")), "host b: t.py does not exist there"),
+    (0, done(0, probe(port="false")), "host a: port 29500 is in use there; give another with"),
+    (1, done(0, probe(reaches="false")), "host b: cannot reach a:29500, where the nodes meet"),
+    (0, done(0, probe(reaches="false")), ""),  # the first host listens; it reaches nothing
+    (1, done(0, probe(port="false")), ""),  # only the first host's port matters
 ])  # fmt: skip
 def test_each_preflight_finding_names_the_host_and_the_fix(
-    result: subprocess.CompletedProcess[str], said: str
+    index: int, result: subprocess.CompletedProcess[str], said: str
 ) -> None:
-    found = _judge(PLAN, Host("b"), "t.py", 29500, result)
+    found = _judge(PLAN, index, "t.py", result)
     assert (said in found) if said else found == "", found
