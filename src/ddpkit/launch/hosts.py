@@ -22,7 +22,7 @@ from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.env.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.errors import ConfigError
 from ddpkit.launch.remote import RemotePlan, forwarded_environment
-from ddpkit.launch.ssh import Ssh, preflight, run_on_hosts
+from ddpkit.launch.ssh import Ssh, run_on_hosts
 
 # Filled in per host, so not passed on as given (each takes a value).
 _PER_HOST = {"--hosts", "--hostfile", "--env", "--remote-python", "--ssh-config", "--nnodes",
@@ -73,9 +73,8 @@ def run_hosts(args: argparse.Namespace, argv: Sequence[str]) -> int:
         run_hosts(args, ["--hosts", "a,b", "train.py"])
     """
     plan = remote_plan(args, argv)
-    ssh = Ssh(args.ssh_config)
-    preflight(plan, args.training_script, ssh)
-    return run_on_hosts(plan, forwarded_environment(args.env), ssh)
+    env = forwarded_environment(args.env)
+    return run_on_hosts(plan, args.training_script, env, Ssh(args.ssh_config))
 
 
 def remote_plan(args: argparse.Namespace, argv: Sequence[str]) -> RemotePlan:

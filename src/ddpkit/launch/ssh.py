@@ -1,10 +1,11 @@
 """``ddpkit run --hosts``: one command starts the job on every host over OpenSSH.
 
 ssh runs with the user's keys, config and agent, never asking (``BatchMode``), within a
-connect timeout. Before anything starts, every host is checked at once (:func:`preflight`):
-it answers and takes the key, has the working folder, the same Python with ddpkit and torch
-of the same versions, and the script; the first host's rendezvous port is free. A failure
-names the host and the fix, and nothing starts anywhere.
+connect timeout, one session a host (:class:`HostSession`). Before anything starts, every
+host answers a probe at once (:func:`preflight`): it takes the key, has the working folder,
+the same Python with ddpkit and torch of the same versions, and the script; the first host's
+rendezvous port is free and the others reach it. A failure names the host and the fix, and
+nothing starts anywhere; else each session is told to go on to ``ddpkit run``.
 
 Then each host's ``ddpkit run`` (:mod:`ddpkit.launch.remote`) streams its merged console
 back, each line labelled with its host. Each remote job watches its standard input: when the
@@ -13,12 +14,11 @@ workers. One host failing stops the others; the exit code is the job's.
 
 Example::
 
-    run_on_hosts(plan, forwarded_environment([]))   # 0 when every host's job succeeded
+    run_on_hosts(plan, "train.py", forwarded_environment([]), Ssh())   # 0: all succeeded
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import shlex
@@ -95,34 +95,82 @@ class Ssh:
         return ["ssh", *config, *options, host.name, command]
 
 
-def preflight(plan: RemotePlan, script: str, ssh: Ssh) -> None:
-    """Check every host at once; ConfigError naming each host that is not ready, and why.
+class HostSession:
+    """One host's ssh session, the only one: the probe answers first, then the shell waits
+    for a line ``go`` on its stdin before it starts ``ddpkit run``; its console is relayed
+    from then on, each line labelled with the host.
 
     Example::
 
-        preflight(plan, "train.py", Ssh())
+        session = HostSession(plan, 0, "train.py", env, Ssh())
+        session.answer()   # the probe's findings, as a finished process
     """
-    with concurrent.futures.ThreadPoolExecutor(len(plan.hosts)) as pool:
-        found = list(pool.map(lambda i: _check_host(plan, i, script, ssh), range(len(plan.hosts))))
+
+    def __init__(
+        self, plan: RemotePlan, index: int, script: str, env: Mapping[str, str], ssh: Ssh
+    ) -> None:
+        self.host = plan.hosts[index]
+        link = [str(len(plan.hosts) - 1), "-"] if index == 0 else ["0", plan.first]
+        words = [script, str(plan.port), *link, str(LINK_TIMEOUT_S)]
+        probe = shlex.join([plan.python, "-c", _PROBE, *words])
+        then = f'read -r go && [ "$go" = go ] && {plan.command(index, env)}'
+        argv = ssh.argv(self.host, f"cd {shlex.quote(plan.cwd)} && {probe} && {then}")
+        # a session of its own: Ctrl-C reaches this launcher alone, which stops each host
+        pipe = subprocess.PIPE
+        self.process = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # fmt: skip
+        self._said: list[str] = []  # ssh's own lines before the probe's answer
+        self._answer: str | None = None
+        self._answered = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def answer(self, timeout: float = CONNECT_TIMEOUT_S + 60) -> subprocess.CompletedProcess[str]:
+        """The probe's answer (exit code 0), or how the session ended without one."""
+        if not self._answered.wait(timeout):
+            return subprocess.CompletedProcess([], 124, "", f"no answer within {timeout:.0f} s")
+        if self._answer is not None:
+            return subprocess.CompletedProcess([], 0, self._answer, "".join(self._said))
+        code = self.process.wait(timeout=10)
+        return subprocess.CompletedProcess([], code, "", "".join(self._said))
+
+    def go(self) -> None:
+        """Start ``ddpkit run`` there."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+        self.process.stdin.flush()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        label = f"[{self.host.address}] ".encode()
+        for line in self.process.stdout:
+            if self._answer is not None:
+                with _console:  # whole lines, never cut by another host's
+                    sys.stdout.buffer.write(label + line)
+                    sys.stdout.buffer.flush()
+            elif line.startswith(b"ddpkit-probe "):
+                self._answer = line.decode(errors="replace")
+                self._answered.set()
+            else:
+                self._said.append(line.decode(errors="replace"))
+        self._answered.set()
+
+
+_console = threading.Lock()
+
+
+def preflight(plan: RemotePlan, script: str, sessions: Sequence[HostSession]) -> None:
+    """Every host's answer judged; ConfigError naming each host that is not ready, and why.
+
+    Example::
+
+        preflight(plan, "train.py", sessions)
+    """
+    found = [_judge(plan, i, script, session.answer()) for i, session in enumerate(sessions)]
     if found[0]:  # the others could not reach a first host that did not listen: not theirs
         found[1:] = [problem for problem in found[1:] if _UNREACHED not in problem]
     problems = [problem for problem in found if problem]
     if problems:
         raise ConfigError("not started on any host:\n" + "\n".join(problems))
-
-
-def _check_host(plan: RemotePlan, index: int, script: str, ssh: Ssh) -> str:
-    host = plan.hosts[index]
-    python, folder = shlex.quote(plan.python), shlex.quote(plan.cwd)
-    link = [str(len(plan.hosts) - 1), "-"] if index == 0 else ["0", plan.first]
-    words = " ".join(shlex.quote(w) for w in [script, str(plan.port), *link, str(LINK_TIMEOUT_S)])
-    argv = ssh.argv(host, f"cd {folder} && exec {python} -c {shlex.quote(_PROBE)} {words}")
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S + 60,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return f"host {host.name}: no answer within {CONNECT_TIMEOUT_S + 60} s"
-    return _judge(plan, index, script, done)
 
 
 def _judge(
@@ -168,22 +216,26 @@ def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: 
     return ""
 
 
-def run_on_hosts(plan: RemotePlan, env: Mapping[str, str], ssh: Ssh) -> int:
-    """Start the job on every host, relay their consoles, stop them all when one fails (under
-    ``--nnodes MIN:MAX``, when fewer than MIN go on) or this launcher is stopped; the job's
-    exit code.
+def run_on_hosts(plan: RemotePlan, script: str, env: Mapping[str, str], ssh: Ssh) -> int:
+    """Check every host and, if all are ready, start the job on each, in one ssh session a
+    host; relay their consoles; stop them all when one fails (under ``--nnodes MIN:MAX``,
+    when fewer than MIN go on) or this launcher is stopped. The job's exit code.
 
     Example::
 
-        code = run_on_hosts(plan, forwarded_environment([]), Ssh())
+        code = run_on_hosts(plan, "train.py", forwarded_environment([]), Ssh())
     """
-    command_logger("run").info(
-        f"{len(plan.hosts)} host(s) over ssh: {', '.join(map(str, plan.hosts))}; nodes meet "
-        f"at {plan.first}:{plan.port}"
-    )
-    jobs = [_start(plan, i, env, ssh) for i in range(len(plan.hosts))]
+    sessions = [HostSession(plan, i, script, env, ssh) for i in range(len(plan.hosts))]
+    jobs = [session.process for session in sessions]
     try:
         with _stopped_by_signals():
+            preflight(plan, script, sessions)  # nothing runs anywhere until all are ready
+            command_logger("run").info(
+                f"{len(plan.hosts)} host(s) over ssh: {', '.join(map(str, plan.hosts))}; "
+                f"nodes meet at {plan.first}:{plan.port}"
+            )
+            for session in sessions:
+                session.go()
             return _wait(plan, jobs)
     finally:
         _stop(jobs)
@@ -204,30 +256,6 @@ def _stopped_by_signals() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _start(
-    plan: RemotePlan, index: int, env: Mapping[str, str], ssh: Ssh
-) -> subprocess.Popen[bytes]:
-    argv = ssh.argv(plan.hosts[index], plan.command(index, env))
-    # a session of its own: Ctrl-C reaches this launcher alone, which stops each host in turn
-    job = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    label = f"[{plan.hosts[index].address}] ".encode()
-    threading.Thread(target=_relay, args=(job, label), daemon=True).start()
-    return job
-
-
-_console = threading.Lock()
-
-
-def _relay(job: subprocess.Popen[bytes], label: bytes) -> None:
-    """Each line of a host's console, labelled, whole (never cut by another host's)."""
-    assert job.stdout is not None
-    for line in job.stdout:
-        with _console:
-            sys.stdout.buffer.write(label + line)
-            sys.stdout.buffer.flush()
 
 
 def _wait(plan: RemotePlan, jobs: Sequence[subprocess.Popen[bytes]]) -> int:

@@ -44,6 +44,16 @@ def ddpkit_hosts(config: Path, *argv: str, **popen: object) -> subprocess.Popen[
     )  # type: ignore[call-overload]
 
 
+def endless_job(
+    config: Path, made: list[VirtualHost], marker: str, **popen: object
+) -> subprocess.Popen[str]:
+    """The wine example on the first two hosts, until stopped; ``marker``: its checkpoint
+    folder, in every process's command line there."""
+    two = f"{made[0].name},{made[1].name}"
+    return ddpkit_hosts(config, "--hosts", two, "examples/wine.py", "--epochs", "100000",
+                        "--checkpoint-dir", marker, **popen)  # fmt: skip
+
+
 def test_two_hosts_of_two_train_as_one_host_of_four(hosts: tuple[list[VirtualHost], Path]) -> None:
     made, config = hosts
     spread = f"{made[0].name}:2,{made[1].name}:2"
@@ -87,17 +97,7 @@ def test_a_launcher_killed_with_sigkill_leaves_nothing_on_any_host(
 ) -> None:
     made, config = hosts
     marker = str(tmp_path / "killed-run")
-    job = ddpkit_hosts(
-        config,
-        "--hosts",
-        f"{made[0].name},{made[1].name}",
-        "examples/wine.py",
-        "--epochs",
-        "100000",
-        "--checkpoint-dir",
-        marker,
-        start_new_session=True,
-    )
+    job = endless_job(config, made, marker, start_new_session=True)
     _wait_for_line(job, "epoch 1/")
     os.kill(job.pid, signal.SIGKILL)  # the launcher alone, as `kill -9 PID`
     deadline = time.monotonic() + 60
@@ -111,8 +111,7 @@ def test_ctrl_c_stops_every_host_after_its_checkpoint(
 ) -> None:
     made, config = hosts
     marker = str(tmp_path / "interrupted-run")
-    job = ddpkit_hosts(config, "--hosts", f"{made[0].name},{made[1].name}", "examples/wine.py",
-                       "--epochs", "100000", "--checkpoint-dir", marker)  # fmt: skip
+    job = endless_job(config, made, marker)
     seen = _wait_for_line(job, "epoch 2/")
     job.send_signal(signal.SIGINT)
     out = seen + job.communicate(timeout=120)[0]
@@ -127,8 +126,7 @@ def test_a_lost_connection_stops_that_hosts_job_and_then_every_host(
 ) -> None:
     made, config = hosts
     marker = str(tmp_path / "cut-run")
-    job = ddpkit_hosts(config, "--hosts", f"{made[0].name},{made[1].name}", "examples/wine.py",
-                       "--epochs", "100000", "--checkpoint-dir", marker)  # fmt: skip
+    job = endless_job(config, made, marker)
     seen = _wait_for_line(job, "epoch 1/")
     [client] = [pid for pid in children(job.pid) if _cmdline(pid)[:1] == ["ssh"]
                 and made[1].name in _cmdline(pid)]  # fmt: skip
