@@ -3,6 +3,7 @@
 - ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
 - ``sys_exit3``, ``raise``: a failure on rank 1;
 - ``state``: each rank prints what a fresh interpreter would have (``state rank=...``);
+- ``dataloader``: two DataLoader worker processes (forked by the script) read a dataset;
 - ``exit_handlers``: a non-daemon thread, a thread pool left open and an ``atexit`` handler,
   each printing when it runs; ``stdin``: rank 0 prints the line it reads from stdin;
 - ``cuda``: whether CUDA was initialised before the script (never, by a warm server), then
@@ -40,6 +41,10 @@ def main() -> None:
               f"argv={sys.argv[1:]}", flush=True)  # fmt: skip
     if MODE == "exit_handlers":
         leave_work_behind(world.rank)
+    if MODE == "dataloader":
+        data = torch.utils.data.TensorDataset(torch.arange(16.0))
+        loaded = [b for (b,) in torch.utils.data.DataLoader(data, batch_size=4, num_workers=2)]
+        print(f"rank {world.rank} loaded {len(loaded)} batches", flush=True)
     if MODE == "stdin" and world.rank == 0:
         print(f"read from stdin: {sys.stdin.readline().strip()!r}", flush=True)
     if MODE == "sys_exit":

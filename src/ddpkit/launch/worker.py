@@ -175,8 +175,11 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
 
 
 def _returning_exit(real_exit: Any) -> Any:
+    worker = os.getpid()  # a process the script forks (DataLoader workers) exits for real
+
     def exit_(code: int) -> None:
-        if code == 0 and threading.current_thread() is threading.main_thread():
+        here = os.getpid() == worker and threading.current_thread() is threading.main_thread()
+        if code == 0 and here:
             raise _LeftAtOnce(0)  # returned by RunPath: torch's agent gets its result
         real_exit(code)
 

@@ -87,3 +87,12 @@ def test_a_forked_worker_reads_the_launchers_stdin() -> None:
     /dev/null there, as under torchrun --run-path)."""
     code, out = run("stdin", "forkserver", stdin="the first line\nthe second\n")
     assert code == 0 and "[rank0] read from stdin: 'the first line'" in out, out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_scripts_own_forked_processes_end_as_theirs(method: str) -> None:
+    """DataLoader workers forked by the script end by ``os._exit(0)``: theirs, not the
+    worker's ending (which returns to torch's agent), or they would run on as the rank."""
+    code, out = run("dataloader", method)
+    assert code == 0 and "can only test a child process" not in out, out
+    assert all(f"[rank{r}] rank {r} loaded 4 batches" in out for r in (0, 1)), out
