@@ -17,7 +17,38 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ddpkit.checkpoint.storage import ObjectFolder
+from ddpkit.checkpoint.storage import CheckpointFolder, ObjectFolder
+
+
+class ArchiveStore:
+    """A run's object store as a keeper of archives (what ``parallel.compiledrun`` takes).
+
+    Example::
+
+        ArchiveStore(ObjectFolder("s3://bucket/run")).fetch("compile-cache/3f.tar.gz", here)
+    """
+
+    def __init__(self, folder: ObjectFolder) -> None:
+        self.folder, self.url = folder, folder.url
+
+    def location(self, name: str) -> str:
+        return self.folder.location(name)
+
+    def fetch(self, name: str, into: Path) -> int:
+        return fetch_archive(self.folder, name, into)
+
+    def store(self, name: str, folder: Path) -> int:
+        return store_archive(self.folder, name, folder)
+
+
+def archive_store(folder: CheckpointFolder | None) -> ArchiveStore | None:
+    """The archives of a run whose checkpoints are in an object store; None otherwise.
+
+    Example:
+        >>> archive_store(None) is None
+        True
+    """
+    return ArchiveStore(folder) if isinstance(folder, ObjectFolder) else None
 
 
 def fetch_archive(store: ObjectFolder, name: str, into: Path) -> int:

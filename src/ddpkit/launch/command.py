@@ -159,8 +159,9 @@ def worker_settings(args: argparse.Namespace) -> dict[str, str]:
 
     Example:
         >>> parser = argparse.ArgumentParser(); add_arguments(parser)
-        >>> worker_settings(parser.parse_args(["--hang-timeout", "30", "t.py"]))
-        {'DDPKIT_HANG_TIMEOUT': '30.0'}
+        >>> worker_settings(parser.parse_args(["--hang-timeout", "30", "t.py"])) == {
+        ...     HANG_TIMEOUT_ENV: "30.0"}
+        True
     """
     settings = profile_settings(args)
     if args.hang_timeout is not None:

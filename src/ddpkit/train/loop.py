@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 
 from ddpkit._core.validate import check_positive_int
+from ddpkit.checkpoint.archives import archive_store
 from ddpkit.data.batches import batches_in, to_device
 from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
@@ -30,13 +31,13 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
+from ddpkit.parallel.compiledrun import CompiledRun, kernels_for_run
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, record_training_start
 from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
-from ddpkit.train.kernels import CompiledRun, kernels_for_run
 from ddpkit.train.monitor import StepMonitor, backward_label
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision
@@ -291,7 +292,10 @@ class TrainLoop:
         self.monitor.next_step(self.run.step + 1)
         saver = self.checkpointer
         folder = saver.folder if saver is not None else None  # kernels kept before compiling
-        self._compiled = kernels_for_run(run.models.values(), folder, self.world.device)
+        local = folder.local if folder is not None else None
+        self._compiled = kernels_for_run(
+            run.models.values(), local, archive_store(folder), self.world.device
+        )
         record_training_start(saver)
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")

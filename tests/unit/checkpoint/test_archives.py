@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.checkpoint.archives import fetch_archive, store_archive
+from ddpkit.checkpoint.archives import archive_store, fetch_archive, store_archive
 from ddpkit.checkpoint.storage import ObjectFolder
 from ddpkit.parallel.compilecache import CACHE_ENV
-from ddpkit.train.kernels import archive_name, kernels_for_run
+from ddpkit.parallel.compiledrun import archive_name, kernels_for_run
 
 fsspec = pytest.importorskip("fsspec")
 
@@ -57,14 +57,14 @@ def test_a_node_without_kernels_unpacks_the_runs(
     monkeypatch.delenv(CACHE_ENV, raising=False)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "node-1"))
     compiled = torch.compile(torch.nn.Linear(2, 2))
-    first = kernels_for_run([compiled], store, torch.device("cpu"))
-    assert first is not None and first.folder is not None and first.store is store
+    first = kernels_for_run([compiled], None, archive_store(store), torch.device("cpu"))
+    assert first is not None and first.folder is not None and first.store is not None
     (first.folder / "kernel.so").write_bytes(b"built on node 1")
     store_archive(store, archive_name(first.folder), first.folder)
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "node-2"))  # an empty disk
     monkeypatch.delenv(CACHE_ENV)  # a new process there
-    second = kernels_for_run([compiled], store, torch.device("cpu"))
+    second = kernels_for_run([compiled], None, archive_store(store), torch.device("cpu"))
     assert second is not None and second.folder is not None
     assert second.folder != first.folder and str(second.folder).startswith(str(tmp_path / "node-2"))
     assert (second.folder / "kernel.so").read_bytes() == b"built on node 1"

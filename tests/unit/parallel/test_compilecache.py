@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.checkpoint.storage import checkpoint_folder
 from ddpkit.parallel.compilecache import CACHE_ENV, cache_folder, keep_with_run
-from ddpkit.train.kernels import kernels_for_run
+from ddpkit.parallel.compiledrun import kernels_for_run
 
 CPU = torch.device("cpu")
 
@@ -38,5 +37,5 @@ def test_a_cache_the_user_chose_is_left_alone(tmp_path: Path) -> None:
 
 
 def test_an_eager_model_keeps_nothing(tmp_path: Path) -> None:
-    assert kernels_for_run([torch.nn.Linear(2, 2)], checkpoint_folder(tmp_path), CPU) is None
+    assert kernels_for_run([torch.nn.Linear(2, 2)], tmp_path, None, CPU) is None
     assert not (tmp_path / "compile-cache").exists()

@@ -13,7 +13,7 @@ checkpoints.
 
 Example::
 
-    kernels = kernels_for_run(models, checkpointer.folder, world.device)   # before step 1
+    kernels = kernels_for_run(models, folder.local, archive_store(folder), world.device)
     kernels.first_step_done(world.rank)                                     # after it
 """
 
@@ -26,13 +26,12 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit.checkpoint.archives import fetch_archive, store_archive
-from ddpkit.checkpoint.storage import CheckpointFolder, ObjectFolder
 from ddpkit.parallel.compilecache import (
     CACHE_FOLDER,
     FINGERPRINT_FILE,
@@ -41,6 +40,22 @@ from ddpkit.parallel.compilecache import (
     compile_summary,
     keep_with_run,
 )
+
+
+class KernelStore(Protocol):
+    """Where an object-store run keeps archives (``ddpkit.checkpoint.archives.ArchiveStore``,
+    handed in by the loop: this package does not read checkpoints)."""
+
+    url: str
+
+    def location(self, name: str) -> str:
+        """Where archive ``name`` is, for messages."""
+
+    def fetch(self, name: str, into: Path) -> int:
+        """Unpack archive ``name`` into ``into``; its bytes, 0 when there is none."""
+
+    def store(self, name: str, folder: Path) -> int:
+        """Write ``folder`` as archive ``name``; its bytes."""
 
 
 class CompiledRun:
@@ -52,7 +67,7 @@ class CompiledRun:
         CompiledRun(None, None).first_step_done(rank=0)   # says what the first step cost
     """
 
-    def __init__(self, folder: Path | None, store: ObjectFolder | None) -> None:
+    def __init__(self, folder: Path | None, store: KernelStore | None) -> None:
         self.folder, self.store = folder, store
         self.started = time.perf_counter()
 
@@ -62,31 +77,32 @@ class CompiledRun:
         if self.store is None or self.folder is None or rank != 0 or cache_counts()[1] == 0:
             return
         name = archive_name(self.folder)
-        size = store_archive(self.store, name, self.folder)
+        size = self.store.store(name, self.folder)
         logger.info(f"compiled kernels kept with the run: {self.store.location(name)} "
                     f"({size / 1024:.0f} KB; a resume on any node unpacks them)")  # fmt: skip
 
 
 def kernels_for_run(
-    models: Iterable[nn.Module], checkpoints: CheckpointFolder | None, device: torch.device
+    models: Iterable[nn.Module],
+    local: Path | None,
+    store: KernelStore | None,
+    device: torch.device,
 ) -> CompiledRun | None:
-    """For a compiled model: keep its kernels with the run's ``checkpoints`` (taking those
-    the run kept before), and time its first step; None when nothing is compiled.
+    """For a compiled model: keep its kernels with the run's checkpoints, in their ``local``
+    folder or their object ``store`` (taking those the run kept before), and time its first
+    step; None when nothing is compiled.
 
     Example:
-        >>> kernels_for_run([torch.nn.Linear(1, 1)], None, torch.device("cpu")) is None
+        >>> kernels_for_run([torch.nn.Linear(1, 1)], None, None, torch.device("cpu")) is None
         True
     """
     if not any_compiled(models):
         return None
-    if checkpoints is None:
-        return CompiledRun(None, None)
-    if checkpoints.local is not None:
-        folder = keep_with_run(checkpoints.local, device)
+    if local is not None:
+        folder = keep_with_run(local, device)
         if folder is not None:
             logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
         return CompiledRun(folder, None)
-    store = checkpoints if isinstance(checkpoints, ObjectFolder) else None
     return CompiledRun(_unpacked_from(store, device) if store else None, store)
 
 
@@ -100,7 +116,7 @@ def archive_name(folder: Path) -> str:
     return f"{CACHE_FOLDER}/{folder.name}.tar.gz"
 
 
-def _unpacked_from(store: ObjectFolder, device: torch.device) -> Path | None:
+def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
     """This node's folder for the store's kernels, filled from its archive when empty (one
     rank per node unpacks; the others wait for it)."""
     root = Path(tempfile.gettempdir()) / "ddpkit-compile-cache"
@@ -111,7 +127,7 @@ def _unpacked_from(store: ObjectFolder, device: torch.device) -> Path | None:
         if any(entry.name != FINGERPRINT_FILE for entry in folder.iterdir()):
             logger.info(f"compiled kernels of the run already on this node in {folder}")
             return folder
-        size = fetch_archive(store, archive_name(folder), folder)
+        size = store.fetch(archive_name(folder), folder)
     where = store.location(archive_name(folder))
     logger.info(
         f"compiled kernels of the run: {size / 1024:.0f} KB from {where}, in {folder}"
