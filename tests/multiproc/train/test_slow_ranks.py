@@ -85,8 +85,13 @@ def test_a_slow_dataset_is_called_data_bound_once_with_the_advice(tmp_path: Path
     assert "num_workers=0" in line and "persistent_workers=True" in line
     assert stragglers(output) == []  # every rank waits alike
     assert len(history) == EPOCHS
-    for epoch in history:  # 16 samples of 5 ms per step
-        assert 75 <= epoch["time/data_ms"] <= 0.97 * epoch["time/step_ms"]
+    for epoch in history:  # 16 samples of 5 ms per step, and a small model's few ms of work
+        phases = [epoch[f"time/{phase}_ms"] for phase in PHASES]
+        assert sum(phases) == pytest.approx(epoch["time/step_ms"])
+        # The loading is most of the step but not all of it: the work is still timed as its
+        # own phases (a ratio bound of 0.97 failed once in CI at 0.971: 83.0 of 85.5 ms).
+        assert 75 <= epoch["time/data_ms"] < epoch["time/step_ms"]
+        assert epoch["time/compute_ms"] > 0
 
 
 def test_ten_balanced_runs_name_at_most_one_straggler(tmp_path: Path) -> None:
