@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,12 +57,16 @@ def wait_for_no_processes(needle: str, timeout: float = 45) -> list[int]:
 
 
 def rank_of(pid: int) -> int | None:
+    """A worker's rank: ``RANK`` in the environment it started with (a fresh worker), else
+    the rank its command line names (a warm worker, forked before its rank was set)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return None
     found = [v for v in environ if v.startswith(b"RANK=")]
-    return int(found[0][5:]) if found else None
+    named = re.search(r"\(ddpkit rank (\d+)\)$", cmdline.rstrip("\0"))
+    return int(found[0][5:]) if found else int(named[1]) if named else None
 
 
 def kill_9(job: subprocess.Popen[str], workers: list[int]) -> None:

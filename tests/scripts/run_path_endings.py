@@ -39,6 +39,9 @@ def main() -> None:
               f"numpy={np.random.randint(1 << 30)} mp={multiprocessing.get_start_method()} "
               f"main={__name__} session={os.getsid(0) == os.getpid()} "
               f"argv={sys.argv[1:]}", flush=True)  # fmt: skip
+        with open("/proc/self/cmdline", "rb") as cmdline:  # what ps and pkill -f read
+            shown = cmdline.read().rstrip(b"\0").decode()
+        print(f"cmdline rank={world.rank}: {shown}", flush=True)
     if MODE == "exit_handlers":
         leave_work_behind(world.rank)
     if MODE == "dataloader":

@@ -22,11 +22,12 @@ import importlib.util
 import multiprocessing
 import os
 import runpy
+import shlex
 import signal
 import sys
 import threading
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ddpkit._core.protocol import (
@@ -46,6 +47,18 @@ from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.launch.forkserver import take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
+
+# Imported with this module, before torch's launcher sets the rank's environment: setproctitle
+# finds the process's argv next to the environment it started with, and fails once a forked
+# server or torch's wrapper has rewritten it.
+_setproctitle: Callable[[str], None] | None
+try:
+    from setproctitle import getproctitle
+    from setproctitle import setproctitle as _setproctitle
+
+    getproctitle()  # it finds argv at its first call, not at its import
+except ImportError:  # an install without it: a function worker keeps the command line it had
+    _setproctitle = None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -105,6 +118,7 @@ class RunPath:
         with contextlib.suppress(OSError):  # a session of its own, as torch gives a fresh worker:
             os.setsid()  # Ctrl-C at a terminal reaches the launcher, which stops every worker
         fresh_process_state()
+        name_this_worker(argv, self.module)
         take_launcher_stdin()
         prepare_worker()
         real_exit = os._exit
@@ -172,6 +186,24 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # from the OS's entropy, as at a fresh import
+
+
+def name_this_worker(argv: Sequence[str], module: bool) -> None:
+    """Give a function worker the command line a fresh worker shows, and its rank, in ``ps``
+    and ``/proc/PID/cmdline``: a fork shows the server's (``from multiprocessing.forkserver
+    import main ...``) on every rank, and ``pkill -f train.py`` or a tool that looks for the
+    script would find none. Needs setproctitle (a dependency); without it, nothing changes.
+
+    Example::
+
+        name_this_worker(["train.py", "--epochs", "3"], module=False)
+        # ps: /usr/bin/python3 -u train.py --epochs 3  (ddpkit rank 0)
+    """
+    if _setproctitle is None:
+        return
+    script = ["-m", *argv] if module else list(argv)
+    rank = os.environ.get("RANK", "?")
+    _setproctitle(f"{shlex.join([sys.executable, '-u', *script])}  (ddpkit rank {rank})")
 
 
 def _returning_exit(real_exit: Any) -> Any:

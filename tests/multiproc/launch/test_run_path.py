@@ -66,6 +66,12 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
         assert fields["argv"] == "['state']", state
         draws.add(fields["numpy"])
     assert len(draws) == 2, f"NumPy drew the same on every rank: {states}"
+    # ps shows the script, not the server or spawn's stub: pkill -f, monitoring, the tests'
+    # own helpers find a rank by it (the rank named, as a fork's environment cannot show it)
+    cmdlines = dict(re.findall(r"cmdline rank=(\d): (.+)", out))
+    for rank, cmdline in cmdlines.items():
+        assert cmdline.endswith(f"-u {SCRIPT} state  (ddpkit rank {rank})"), cmdline
+    assert set(cmdlines) == {"0", "1"}, out
     if method == "forkserver":
         assert "workers forked from a server that imported torch once" in out
 
