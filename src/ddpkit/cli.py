@@ -4,8 +4,11 @@ workers equal one process, ``doctor`` checks the environment, ``slurm`` writes s
 
 Every command lives in a module of its own with the same three names: ``add_arguments(parser)``,
 ``main(args) -> int`` and, where a command's options may follow its SCRIPT,
-``parse(parser, argv)``; ``HELP`` and ``DESCRIPTION`` say what it does. Only the module of the
-command being run is imported, so ``ddpkit run`` pays for the launcher alone. Mistakes in the
+``parse(parser, argv)``; ``HELP`` and ``DESCRIPTION`` say what it does. A command whose
+full parser is costly may read some command lines without it (``parse_quickly(argv)``,
+None otherwise: ``ddpkit run --hosts`` needs no torch on the machine that starts it). Only
+the module of the command being run is imported, so ``ddpkit run`` pays for the launcher
+alone. Mistakes in the
 command line end in one line naming what was wrong and how to fix it (exit code 2); a failed
 worker ends the launcher with that worker's exit code.
 
@@ -100,9 +103,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     if not argv or argv[0] not in COMMANDS:
         return build_parser().parse_args(argv)  # --help, --version, or a usage error
     name, module = argv[0], command_module(argv[0])
-    parser = command_parser(name)
-    parse_own = getattr(module, "parse", None)  # a command whose options may follow SCRIPT
-    args = parse_own(parser, argv[1:]) if parse_own else parser.parse_args(argv[1:])
+    quick = getattr(module, "parse_quickly", None)  # a command line read without the parser
+    args = quick(argv[1:]) if quick else None
+    if args is None:
+        parser = command_parser(name)
+        parse_own = getattr(module, "parse", None)  # a command whose options may follow SCRIPT
+        args = parse_own(parser, argv[1:]) if parse_own else parser.parse_args(argv[1:])
     args.command = name
     return args
 

@@ -27,6 +27,7 @@ from ddpkit.launch.hosts import add_host_arguments, hosts_given, run_hosts
 from ddpkit.launch.lifeline import stop_at_end_of_input
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
+from ddpkit.launch.quickparse import parse_for_hosts
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
     check_supported,
@@ -61,6 +62,17 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         3
     """
     add_torchrun_arguments(run)
+    add_own_arguments(run)
+
+
+def add_own_arguments(run: argparse.ArgumentParser) -> None:
+    """``run``'s flags that are ddpkit's, not torchrun's (no torch needed to add them).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(); add_own_arguments(parser)
+        >>> parser.parse_args(["--hosts", "a,b", "--hang-timeout", "30"]).hang_timeout
+        30.0
+    """
     ours = run.add_argument_group("ddpkit's own")
     ours.add_argument(
         "--nproc",
@@ -108,6 +120,22 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     add_host_arguments(run)
 
 
+def parse_quickly(argv: Sequence[str]) -> argparse.Namespace | None:
+    """``run``'s command line parsed without torch's parser where ddpkit can read it alone
+    (``--hosts``: this machine runs no worker, :mod:`ddpkit.launch.quickparse`); else None.
+
+    Example:
+        >>> parse_quickly(["--nproc", "2", "train.py"]) is None  # a launch here: torch's parser
+        True
+    """
+    own = argparse.ArgumentParser(prog="ddpkit run", add_help=False, allow_abbrev=False)
+    add_own_arguments(own)
+    args = parse_for_hosts(argv, own)
+    if args is not None:
+        args.argv = list(argv)
+    return args
+
+
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """``run``'s command line parsed; then torch's launcher imported (the seconds in which
     ``ddpkit``'s entry point only notes a stop signal). With ``--run-path --start-method
@@ -142,9 +170,9 @@ def main(args: argparse.Namespace) -> int:
 
         main(parser.parse_args(["--nproc", "2", "examples/wine.py"]))
     """
-    check_supported(args)
-    if hosts_given(args):
+    if hosts_given(args):  # each host's ddpkit run checks the whole command line itself
         return run_hosts(args, getattr(args, "argv", []))
+    check_supported(args)
     stop_at_end_of_input()  # started by --hosts over ssh: its connection is its lifeline
     program = Program(args.training_script, tuple(args.training_script_args),
                       module=args.module, no_python=args.no_python,

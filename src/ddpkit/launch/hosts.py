@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.env.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.errors import ConfigError
-from ddpkit.launch.remote import RemotePlan, forwarded_environment
+from ddpkit.launch.remote import RemotePlan, Script, forwarded_environment
 from ddpkit.launch.ssh import Ssh, run_on_hosts
 
 # Filled in per host, so not passed on as given (each takes a value).
@@ -74,7 +74,7 @@ def run_hosts(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """
     plan = remote_plan(args, argv)
     env = forwarded_environment(args.env)
-    return run_on_hosts(plan, args.training_script, env, Ssh(args.ssh_config))
+    return run_on_hosts(plan, Script.of(args), env, Ssh(args.ssh_config))
 
 
 def remote_plan(args: argparse.Namespace, argv: Sequence[str]) -> RemotePlan:
@@ -101,7 +101,10 @@ def remote_plan(args: argparse.Namespace, argv: Sequence[str]) -> RemotePlan:
 
 def forwarded_argv(argv: Sequence[str], script: Sequence[str]) -> list[str]:
     """``argv`` less the options filled in per host (those before the script only)."""
-    options = list(argv[: len(argv) - len(script)])
+    end = len(argv) - len(script)
+    if list(argv[end:]) != list(script):
+        end -= 1  # torch's parser dropped a `--` from the script's arguments: it stays here
+    options = list(argv[:end])
     kept: list[str] = []
     skip = False
     for word in options:
@@ -111,7 +114,7 @@ def forwarded_argv(argv: Sequence[str], script: Sequence[str]) -> list[str]:
             skip = "=" not in word
         else:
             kept.append(word)
-    return [*kept, *script]
+    return [*kept, *argv[end:]]
 
 
 def _check_nnodes(nnodes: str | None, hosts: list[Host]) -> None:

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+import argparse
+import enum
 import os
 import shlex
 import sys
@@ -32,6 +34,43 @@ FORWARDED_PREFIXES = ("DDPKIT_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_",
                       "MLFLOW_", "AWS_", "HF_")  # fmt: skip
 FORWARDED_NAMES = ("PYTHONPATH", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
 ENV_FILE = ".ddpkit_env"
+
+
+class ScriptKind(enum.Enum):
+    """How ``ddpkit run`` names what the workers run: a file, ``-m`` a module, or
+    ``--no-python`` a program."""
+
+    FILE = "file"
+    MODULE = "module"
+    PROGRAM = "program"
+
+
+@dataclass(frozen=True)
+class Script:
+    """What every host must find before the job starts there.
+
+    Example:
+        >>> Script("pkg.train", ScriptKind.MODULE).missing()
+        'pkg.train is not a module its Python finds there (in the same folder)'
+    """
+
+    name: str
+    kind: ScriptKind = ScriptKind.FILE
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Script:
+        """The script ``ddpkit run``'s flags name."""
+        kind = ScriptKind.MODULE if args.module else ScriptKind.FILE
+        return cls(args.training_script, ScriptKind.PROGRAM if args.no_python else kind)
+
+    def missing(self) -> str:
+        """Why a host that lacks it is not ready."""
+        return {
+            ScriptKind.FILE: f"{self.name} does not exist there (in the same folder)",
+            ScriptKind.MODULE: f"{self.name} is not a module its Python finds there "
+            "(in the same folder)",
+            ScriptKind.PROGRAM: f"{self.name} is not a program on the PATH there",
+        }[self.kind]
 
 
 @dataclass(frozen=True)

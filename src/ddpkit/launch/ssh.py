@@ -14,7 +14,7 @@ workers. One host failing stops the others; the exit code is the job's.
 
 Example::
 
-    run_on_hosts(plan, "train.py", forwarded_environment([]), Ssh())   # 0: all succeeded
+    run_on_hosts(plan, Script("train.py"), forwarded_environment([]), Ssh())   # 0: all succeeded
 """
 
 from __future__ import annotations
@@ -34,23 +34,27 @@ from importlib import metadata
 from ddpkit._core.log import command_logger
 from ddpkit.env.hostfile import Host
 from ddpkit.errors import ConfigError, StoppedBySignalError
-from ddpkit.launch.remote import RemotePlan
+from ddpkit.launch.remote import RemotePlan, Script
 
 CONNECT_TIMEOUT_S = 5
 STOP_GRACE_S = 30  # a host's job gets this long to checkpoint and stop before ssh is cut
 
-# Run on each host by preflight (argv: script, port, peers, first host or "-", seconds): the
+# Run on each host by preflight (argv: kind, script, port, peers, first host or "-", seconds): the
 # installed versions, whether the script is there, and the link: the first host listens on
 # the rendezvous port until every other host has connected to it (as doctor --nodes checks).
 _PROBE = """
-import json, os, socket, sys, time
+import importlib.util, json, os, shutil, socket, sys, time
 from importlib.metadata import PackageNotFoundError, version
-script, port, peers, first, link = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:]
+kind, script, first, link = sys.argv[1], sys.argv[2], sys.argv[5], sys.argv[6]
+port, peers = int(sys.argv[3]), int(sys.argv[4])
 try:  # the installed versions, without importing torch (seconds)
     found = {"ddpkit": version("ddpkit"), "torch": version("torch")}
 except PackageNotFoundError as err:
     found = {"error": f"{err} is not installed"}
-found["script"] = os.path.exists(script)
+if kind == "module":  # its top package only: importing it would run the user's code
+    found["script"] = importlib.util.find_spec(script.partition(".")[0]) is not None
+else:
+    found["script"] = bool(os.path.exists(script) or kind == "program" and shutil.which(script))
 deadline = time.monotonic() + float(link)
 if first == "-":
     with socket.socket() as s:
@@ -102,16 +106,16 @@ class HostSession:
 
     Example::
 
-        session = HostSession(plan, 0, "train.py", env, Ssh())
+        session = HostSession(plan, 0, Script("train.py"), env, Ssh())
         session.answer()   # the probe's findings, as a finished process
     """
 
     def __init__(
-        self, plan: RemotePlan, index: int, script: str, env: Mapping[str, str], ssh: Ssh
+        self, plan: RemotePlan, index: int, script: Script, env: Mapping[str, str], ssh: Ssh
     ) -> None:
         self.host = plan.hosts[index]
         link = [str(len(plan.hosts) - 1), "-"] if index == 0 else ["0", plan.first]
-        words = [script, str(plan.port), *link, str(LINK_TIMEOUT_S)]
+        words = [script.kind.value, script.name, str(plan.port), *link, str(LINK_TIMEOUT_S)]
         probe = shlex.join([plan.python, "-c", _PROBE, *words])
         then = f'read -r go && [ "$go" = go ] && {plan.command(index, env)}'
         argv = ssh.argv(self.host, f"cd {shlex.quote(plan.cwd)} && {probe} && {then}")
@@ -158,12 +162,12 @@ class HostSession:
 _console = threading.Lock()
 
 
-def preflight(plan: RemotePlan, script: str, sessions: Sequence[HostSession]) -> None:
+def preflight(plan: RemotePlan, script: Script, sessions: Sequence[HostSession]) -> None:
     """Every host's answer judged; ConfigError naming each host that is not ready, and why.
 
     Example::
 
-        preflight(plan, "train.py", sessions)
+        preflight(plan, Script("train.py"), sessions)
     """
     found = [_judge(plan, i, script, session.answer()) for i, session in enumerate(sessions)]
     if found[0]:  # the others could not reach a first host that did not listen: not theirs
@@ -174,7 +178,7 @@ def preflight(plan: RemotePlan, script: str, sessions: Sequence[HostSession]) ->
 
 
 def _judge(
-    plan: RemotePlan, index: int, script: str, done: subprocess.CompletedProcess[str]
+    plan: RemotePlan, index: int, script: Script, done: subprocess.CompletedProcess[str]
 ) -> str:
     host = plan.hosts[index]
     said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
@@ -196,7 +200,7 @@ def _judge(
 _UNREACHED = "cannot reach"
 
 
-def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: str) -> str:
+def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: Script) -> str:
     host, port = plan.hosts[index], plan.port
     here = {"ddpkit": metadata.version("ddpkit"), "torch": metadata.version("torch")}
     if "error" in found:
@@ -205,7 +209,7 @@ def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: 
     if differ:
         return f"host {host.name}: {'; '.join(differ)}: install the same versions on every host"
     if not found["script"]:
-        return f"host {host.name}: {script} does not exist there (in the same folder)"
+        return f"host {host.name}: {script.missing()}"
     if index == 0 and not found.get("port_free"):
         return f"host {host.name}: port {port} is in use there; give another with --master-port"
     if index > 0 and not found.get("reaches_first"):
@@ -216,14 +220,14 @@ def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: 
     return ""
 
 
-def run_on_hosts(plan: RemotePlan, script: str, env: Mapping[str, str], ssh: Ssh) -> int:
+def run_on_hosts(plan: RemotePlan, script: Script, env: Mapping[str, str], ssh: Ssh) -> int:
     """Check every host and, if all are ready, start the job on each, in one ssh session a
     host; relay their consoles; stop them all when one fails (under ``--nnodes MIN:MAX``,
     when fewer than MIN go on) or this launcher is stopped. The job's exit code.
 
     Example::
 
-        code = run_on_hosts(plan, "train.py", forwarded_environment([]), Ssh())
+        code = run_on_hosts(plan, Script("train.py"), forwarded_environment([]), Ssh())
     """
     sessions = [HostSession(plan, i, script, env, ssh) for i in range(len(plan.hosts))]
     jobs = [session.process for session in sessions]

@@ -92,6 +92,27 @@ def test_an_unreachable_host_or_a_refused_key_is_named_and_nothing_starts(
     assert not processes_running(marker) and not Path(marker).exists()
 
 
+def test_a_bad_flag_value_or_a_missing_module_is_refused_and_nothing_starts(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
+    """This machine reads a --hosts command line without torch's parser; each host's own
+    ``ddpkit run`` refuses what it would refuse here, before anything starts."""
+    made, config = hosts
+    two = f"{made[0].name},{made[1].name}"
+    marker = str(tmp_path / "never-started")
+    bad = ddpkit_hosts(config, "--hosts", two, "--max-restarts", "many", "examples/wine.py",
+                       "--checkpoint-dir", marker)  # fmt: skip
+    out = bad.communicate(timeout=60)[0]
+    assert bad.returncode == 2 and "argument --max-restarts/--max_restarts: invalid int" in out
+    assert f"[{made[1].name}]" in out, out  # said by the hosts
+    missing = ddpkit_hosts(config, "--hosts", two, "-m", "no_such_package.train")
+    out = missing.communicate(timeout=60)[0]
+    assert missing.returncode == 2, out
+    for host in made[:2]:
+        assert f"host {host.name}: no_such_package.train is not a module its Python" in out, out
+    assert not processes_running(marker) and not Path(marker).exists()
+
+
 def test_a_launcher_killed_with_sigkill_leaves_nothing_on_any_host(
     hosts: tuple[list[VirtualHost], Path], tmp_path: Path
 ) -> None:

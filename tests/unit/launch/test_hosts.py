@@ -12,8 +12,8 @@ import pytest
 from ddpkit.env.hostfile import Host, parse_hosts, read_hostfile
 from ddpkit.errors import ConfigError
 from ddpkit.launch.command import add_arguments
-from ddpkit.launch.hosts import remote_plan
-from ddpkit.launch.remote import RemotePlan, forwarded_environment
+from ddpkit.launch.hosts import forwarded_argv, remote_plan
+from ddpkit.launch.remote import RemotePlan, Script, ScriptKind, forwarded_environment
 from ddpkit.launch.ssh import _judge
 
 HOSTFILE = """
@@ -149,5 +149,19 @@ def probe(script: str = "true", port: str = "true", torch: str | None = None,
 def test_each_preflight_finding_names_the_host_and_the_fix(
     index: int, result: subprocess.CompletedProcess[str], said: str
 ) -> None:
-    found = _judge(PLAN, index, "t.py", result)
+    found = _judge(PLAN, index, Script("t.py"), result)
     assert (said in found) if said else found == "", found
+
+
+@pytest.mark.parametrize(("kind", "said"), [
+    (ScriptKind.MODULE, "host b: t.py is not a module its Python finds there"),
+    (ScriptKind.PROGRAM, "host b: t.py is not a program on the PATH there"),
+])  # fmt: skip
+def test_a_missing_module_or_program_is_named_as_one(kind: ScriptKind, said: str) -> None:
+    assert said in _judge(PLAN, 1, Script("t.py", kind), done(0, probe(script="false")))
+
+
+def test_a_double_dash_among_the_scripts_arguments_is_passed_on() -> None:
+    """torch's parser drops the first ``--`` from SCRIPT's arguments (nanochat's line)."""
+    argv = ["--hosts", "a,b", "-m", "scripts.base_train", "--", "--depth=20"]
+    assert forwarded_argv(argv, ["scripts.base_train", "--depth=20"]) == argv[2:]

@@ -1,0 +1,173 @@
+"""``ddpkit run --hosts`` read without importing torch: the machine that starts a job over
+ssh runs no worker, and torchrun's parser (``torch.distributed.run``) costs it an import of
+torch, 0.85 s of the start-up here.
+
+The command line is split the way torchrun's parser splits it, from the flags the installed
+torch declares (read from its ``torch/distributed/run.py`` as text, not imported) and
+ddpkit's own; only the flags a launch over ssh reads are parsed here. Every host's
+``ddpkit run`` gets the command line as given and checks it whole, with torch's parser,
+before it starts anything. Anything this module does not recognise (an abbreviation, an
+unknown flag, a ``PET_*`` default in the environment, ``--help``) leaves the command line to
+the full parser, here, as without ``--hosts``.
+
+Example:
+    >>> import argparse
+    >>> own = argparse.ArgumentParser(add_help=False); _ = own.add_argument("--hosts")
+    >>> args = parse_for_hosts(["--hosts", "a,b", "--max-restarts", "3", "t.py", "--lr", "1"],
+    ...                        own, environ={})
+    >>> args.hosts, args.training_script, args.training_script_args
+    ('a,b', 't.py', ['--lr', '1'])
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import importlib.util
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# What a --hosts launch reads of torchrun's flags (hosts.py), with the values ddpkit's full
+# parser gives them when not given (torch's defaults; None where ddpkit unsets them).
+_READ = {
+    ("--nnodes",): ("nnodes", "1:1"),
+    ("--nproc-per-node", "--nproc_per_node", "--nproc"): ("nproc_per_node", "1"),
+    ("--master",): ("master", None),
+    ("--master-port", "--master_port"): ("master_port", None),
+    ("--master-addr", "--master_addr"): ("master_addr", None),
+    ("--rdzv-endpoint", "--rdzv_endpoint"): ("rdzv_endpoint", ""),
+    ("--rdzv-backend", "--rdzv_backend"): ("rdzv_backend", None),
+    ("--rdzv-id", "--rdzv_id"): ("rdzv_id", None),
+}
+_READ_SWITCHES = {
+    "--standalone": "standalone",
+    "-m": "module",
+    "--module": "module",
+    "--no-python": "no_python",
+    "--no_python": "no_python",
+}
+_HELP = frozenset({"-h", "--help"})
+
+
+def parse_for_hosts(
+    argv: Sequence[str], own: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
+) -> argparse.Namespace | None:
+    """``argv`` parsed for a launch over ssh, torch not imported; None when it is not one
+    (no ``--hosts`` or ``--hostfile``) or when only the full parser can read it.
+
+    ``own`` holds ddpkit's own ``run`` flags (the host flags among them).
+
+    Example::
+
+        args = parse_for_hosts(sys.argv[2:], own_parser)   # None: parse it fully
+    """
+    env = os.environ if environ is None else environ
+    flags = _flags(own)
+    split = _split(argv, flags) if flags and not any(k.startswith("PET_") for k in env) else None
+    if split is None:
+        return None
+    pairs, script = split
+    args = own.parse_args([word for pair in pairs for word in pair if pair[0] in _owned(own)])
+    if not (getattr(args, "hosts", None) or getattr(args, "hostfile", None)):
+        return None
+    _read_torchrun_flags(args, pairs)
+    if not str(args.master_port or 0).isdigit():
+        return None  # torch's parser says what is wrong with it
+    args.master_port = None if args.master_port is None else int(args.master_port)
+    # The script's arguments as given: a `--` among them stays (each host's parser drops it)
+    args.training_script, args.training_script_args = script[0], list(script[1:])
+    return args
+
+
+def _split(
+    argv: Sequence[str], flags: Mapping[str, bool]
+) -> tuple[list[tuple[str, ...]], list[str]] | None:
+    """The options as (flag,) or (flag, value) pairs, and the script with its arguments:
+    None for a word torchrun's parser might read otherwise."""
+    pairs: list[tuple[str, ...]] = []
+    words = list(argv)
+    while words and words[0].startswith("-") and words[0] != "-":
+        flag, attached = _flag_of(words.pop(0), flags)
+        if flag is None or flag in _HELP:
+            return None
+        if attached is not None or not flags[flag]:
+            pairs.append((flag,) if attached is None else (flag, attached))
+        elif words:
+            pairs.append((flag, words.pop(0)))
+        else:
+            return None
+    return (pairs, words) if words else None
+
+
+def _flag_of(word: str, flags: Mapping[str, bool]) -> tuple[str | None, str | None]:
+    """The known flag a word gives, and a value attached to it (``--tee=3``, ``-t3``)."""
+    if word in flags:
+        return word, None
+    name, equals, value = word.partition("=")
+    if equals and name.startswith("--") and flags.get(name):
+        return name, value
+    if not word.startswith("--") and flags.get(word[:2]):
+        return word[:2], word[2:]
+    return None, None
+
+
+def _read_torchrun_flags(args: argparse.Namespace, pairs: Sequence[tuple[str, ...]]) -> None:
+    """Set what hosts.py reads, as torchrun's parser would: the last of a flag's spellings."""
+    for dest, default in _READ.values():
+        setattr(args, dest, default)
+    for dest in _READ_SWITCHES.values():
+        setattr(args, dest, False)
+    spelled = {s: dest for spellings, (dest, _) in _READ.items() for s in spellings}
+    for pair in pairs:
+        if pair[0] in spelled:
+            setattr(args, spelled[pair[0]], pair[1])
+        elif pair[0] in _READ_SWITCHES:
+            setattr(args, _READ_SWITCHES[pair[0]], True)
+
+
+def _owned(own: argparse.ArgumentParser) -> frozenset[str]:
+    return frozenset(s for action in own._actions for s in action.option_strings)
+
+
+def _flags(own: argparse.ArgumentParser) -> dict[str, bool]:
+    """Every flag ``ddpkit run`` knows, each with whether it takes a value; empty when
+    torch's flags cannot be read."""
+    torchrun = torchrun_flags()
+    if not torchrun:
+        return {}
+    ours = {s: a.nargs != 0 for a in own._actions for s in a.option_strings}
+    return {**torchrun, **ours}
+
+
+@functools.cache
+def torchrun_flags() -> dict[str, bool]:
+    """The installed torch's torchrun flags, each with whether it takes a value, read from
+    the source of ``torch.distributed.run`` without importing it; empty if not found.
+
+    Example:
+        >>> torchrun_flags()["--nnodes"], torchrun_flags()["--standalone"]
+        (True, False)
+    """
+    spec = importlib.util.find_spec("torch")  # a top-level name: found, not imported
+    if spec is None or spec.origin is None:
+        return {}
+    source = Path(spec.origin).parent / "distributed" / "run.py"
+    try:
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    return {flag: takes for call in ast.walk(tree) for flag, takes in _declared(call).items()}
+
+
+def _declared(node: ast.AST) -> dict[str, bool]:
+    """The flags of one ``parser.add_argument(...)`` call: a ``check_env`` or ``store_*``
+    action takes no value, every other one (``env``, the default) takes one."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
+        return {}
+    spellings = [a.value for a in node.args if isinstance(a, ast.Constant)]
+    action = next((k.value for k in node.keywords if k.arg == "action"), None)
+    name = getattr(action, "id", getattr(action, "value", ""))
+    switch = name == "check_env" or str(name).startswith(("store_true", "store_false"))
+    return {s: not switch for s in spellings if isinstance(s, str) and s.startswith("-")}
