@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from ddpkit.checkpoint import list_checkpoints
-from helpers.jobs import children, kill_9
+from helpers.jobs import kill_9, workers_of
 from helpers.launch_helpers import REPO, SCRIPTS
 
 EPOCHS = os.environ.get("ASYNC_SAVES_EPOCHS", "3")  # the script reads it too (50 kills: 10)
@@ -145,7 +145,7 @@ def kill_inside_a_write(
         mine = set(list_checkpoints(folder)) - before if folder.is_dir() else set()
         writing = temporaries(folder) if mine else set()
         if writing:
-            workers = children(job.pid)  # looked up first, so that the kill comes on time
+            workers = workers_of(job.pid)  # looked up first, so that the kill comes on time
             assert len(workers) == nproc, workers
             time.sleep(delay_s)
             kill_9(job, workers)

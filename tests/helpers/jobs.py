@@ -79,6 +79,16 @@ def kill_9(job: subprocess.Popen[str], workers: list[int]) -> None:
     os.killpg(job.pid, signal.SIGKILL)
 
 
+def workers_of(launcher: int) -> list[int]:
+    """The worker processes a ``ddpkit run`` started: its children with a rank, or, with warm
+    workers, its forkserver's (a worker's own children are not looked at)."""
+    found, parents = [], [launcher]
+    while parents:
+        for pid in children(parents.pop()):
+            (found if rank_of(pid) is not None else parents).append(pid)
+    return sorted(found)
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc; Linux)."""
     found = []

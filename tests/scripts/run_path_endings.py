@@ -40,8 +40,11 @@ def main() -> None:
               f"main={__name__} session={os.getsid(0) == os.getpid()} "
               f"argv={sys.argv[1:]}", flush=True)  # fmt: skip
         with open("/proc/self/cmdline", "rb") as cmdline:  # what ps and pkill -f read
-            shown = cmdline.read().rstrip(b"\0").decode()
+            shown = cmdline.read().rstrip(b"\0").replace(b"\0", b" ").decode()
         print(f"cmdline rank={world.rank}: {shown}", flush=True)
+        with open("/proc/self/environ", "rb") as environ:  # what tools read a rank from
+            ranked = f"RANK={world.rank}".encode() in environ.read().split(b"\0")
+        print(f"environ rank={world.rank}: {ranked}", flush=True)
     if MODE == "exit_handlers":
         leave_work_behind(world.rank)
     if MODE == "dataloader":

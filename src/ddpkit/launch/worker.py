@@ -48,18 +48,6 @@ from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.launch.forkserver import take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
 
-# Imported with this module, before torch's launcher sets the rank's environment: setproctitle
-# finds the process's argv next to the environment it started with, and fails once a forked
-# server or torch's wrapper has rewritten it.
-_setproctitle: Callable[[str], None] | None
-try:
-    from setproctitle import getproctitle
-    from setproctitle import setproctitle as _setproctitle
-
-    getproctitle()  # it finds argv at its first call, not at its import
-except ImportError:  # an install without it: a function worker keeps the command line it had
-    _setproctitle = None
-
 
 def main(argv: list[str] | None = None) -> None:
     """Run ``argv[0]`` as ``__main__`` with the rest as its arguments.
@@ -113,6 +101,14 @@ class RunPath:
     def __init__(self, module: bool) -> None:
         self.module = module
         self.__name__ = "run_path"  # torch's launcher names the entrypoint by it
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in the new worker before torch's wrapper sets the rank's environment:
+        # setproctitle finds argv next to the environment the process started with, and not
+        # once it has been rewritten. (A fresh worker's never calls it: its /proc/PID/environ
+        # stays readable, which setproctitle's set-up would overwrite.)
+        self.__dict__.update(state)
+        _ready_process_title()
 
     def __call__(self, *argv: str) -> None:
         with contextlib.suppress(OSError):  # a session of its own, as torch gives a fresh worker:
@@ -192,18 +188,31 @@ def name_this_worker(argv: Sequence[str], module: bool) -> None:
     """Give a function worker the command line a fresh worker shows, and its rank, in ``ps``
     and ``/proc/PID/cmdline``: a fork shows the server's (``from multiprocessing.forkserver
     import main ...``) on every rank, and ``pkill -f train.py`` or a tool that looks for the
-    script would find none. Needs setproctitle (a dependency); without it, nothing changes.
+    script would find none. Needs setproctitle (a dependency), readied by
+    :meth:`RunPath.__setstate__`; else nothing changes.
 
     Example::
 
         name_this_worker(["train.py", "--epochs", "3"], module=False)
         # ps: /usr/bin/python3 -u train.py --epochs 3  (ddpkit rank 0)
     """
-    if _setproctitle is None:
+    if not _title_setter:
         return
     script = ["-m", *argv] if module else list(argv)
     rank = os.environ.get("RANK", "?")
-    _setproctitle(f"{shlex.join([sys.executable, '-u', *script])}  (ddpkit rank {rank})")
+    _title_setter[0](f"{shlex.join([sys.executable, '-u', *script])}  (ddpkit rank {rank})")
+
+
+_title_setter: list[Callable[[str], None]] = []  # setproctitle's, once it found argv
+
+
+def _ready_process_title() -> None:
+    try:
+        from setproctitle import getproctitle, setproctitle
+    except ImportError:  # an install without it: a function worker keeps the line it had
+        return
+    getproctitle()  # it looks for argv at its first call, not at its import
+    _title_setter[:] = [setproctitle]
 
 
 def _returning_exit(real_exit: Any) -> Any:

@@ -24,7 +24,7 @@ import ddpkit
 from ddpkit.checkpoint.background import wait_for_writes
 from ddpkit.checkpoint.storage import COMMIT_SUFFIX, ObjectFolder, checkpoint_folder
 from ddpkit.errors import CheckpointError
-from helpers.jobs import children, kill_9
+from helpers.jobs import kill_9, workers_of
 from helpers.launch_helpers import REPO, SCRIPTS
 from helpers.resume_helpers import Interrupted, train
 from helpers.s3_server import s3_environment, s3_server
@@ -151,7 +151,7 @@ def test_a_two_worker_job_killed_with_sigkill_resumes_from_the_bucket_bit_identi
         while names(url)[-1:] == before and time.monotonic() < deadline:
             time.sleep(0.05)  # until a newer checkpoint reached the bucket
         time.sleep(0.1 * kill)  # then somewhere in the steps and writes after it
-        workers = children(job.pid)
+        workers = workers_of(job.pid)
         assert job.poll() is None and len(workers) == 2, (workers, job.communicate()[0])
         kill_9(job, workers)  # the workers too: on the launcher's SIGTERM they would save
         output, _ = job.communicate(timeout=60)

@@ -76,6 +76,19 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
         assert "workers forked from a server that imported torch once" in out
 
 
+def test_a_fresh_worker_shows_its_own_command_line_and_environment() -> None:
+    """Without --run-path nothing renames a worker: its command line is its interpreter's,
+    and its rank stays readable in /proc/PID/environ (setproctitle's set-up overwrites it)."""
+    done = ddpkit_cli("run", "--nproc", "2", SCRIPT, "state", timeout=150)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    for rank in (0, 1):
+        assert f"[rank{rank}] environ rank={rank}: True" in out, out
+        assert re.search(
+            rf"cmdline rank={rank}: \S+ -u -m ddpkit.launch.worker \S+ state$", out, re.M
+        )
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_threads_pools_and_exit_handlers_finish_as_after_a_fresh_interpreter(method: str) -> None:
     code, out = run("exit_handlers", method)
