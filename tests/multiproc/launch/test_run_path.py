@@ -76,9 +76,10 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
         assert "workers forked from a server that imported torch once" in out
 
 
-def test_a_fresh_worker_shows_its_own_command_line_and_environment() -> None:
+def test_a_fresh_worker_shows_its_own_command_line_and_environment(monkeypatch) -> None:
     """Without --run-path nothing renames a worker: its command line is its interpreter's,
     and its rank stays readable in /proc/PID/environ (setproctitle's set-up overwrites it)."""
+    monkeypatch.delenv("PET_RUN_PATH", raising=False)  # the tier run with warm workers on
     done = ddpkit_cli("run", "--nproc", "2", SCRIPT, "state", timeout=150)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
