@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
+from ddpkit.checkpoint import load_checkpoint
 from helpers.jobs import children
 from helpers.launch_helpers import REPO, metric_lines, processes_running
 from helpers.netns import VirtualHost, virtual_hosts
@@ -54,19 +56,27 @@ def endless_job(
                         "--checkpoint-dir", marker, **popen)  # fmt: skip
 
 
-def test_two_hosts_of_two_train_as_one_host_of_four(hosts: tuple[list[VirtualHost], Path]) -> None:
+def test_two_hosts_of_two_train_as_one_host_of_four(
+    hosts: tuple[list[VirtualHost], Path], tmp_path: Path
+) -> None:
     made, config = hosts
     spread = f"{made[0].name}:2,{made[1].name}:2"
-    job = ddpkit_hosts(config, "--hosts", spread, "examples/wine.py", "--epochs", "3")
+    wine = ["examples/wine.py", "--epochs", "3", "--checkpoint-dir"]
+    job = ddpkit_hosts(config, "--hosts", spread, *wine, str(tmp_path / "hosts"))
     out = job.communicate(timeout=240)[0]
     assert job.returncode == 0, out
     assert "world size 4 (2 processes per node x 2 nodes)" in out, out
     assert f"[{made[0].name}] [rank0] epoch 3/3" in out, out  # labelled with its host
-    one = subprocess.run([sys.executable, "-m", "ddpkit", "run", "--nproc", "4",
-                          "examples/wine.py", "--epochs", "3"],
+    one = subprocess.run([sys.executable, "-m", "ddpkit", "run", "--nproc", "4", *wine,
+                          str(tmp_path / "one")],
                          cwd=REPO, capture_output=True, text=True, timeout=240)  # fmt: skip
     lines = [line.split("] ", 1)[-1] for line in out.splitlines()]
     assert metric_lines("\n".join(lines)) == metric_lines(one.stdout) != [], (out, one.stdout)
+    # bit for bit: the final weights rank 0 saved on the first host and on the one host
+    over_ssh, alone = (load_checkpoint(tmp_path / run / "epoch_000003.pt")["model"]
+                       for run in ("hosts", "one"))  # fmt: skip
+    assert over_ssh.keys() == alone.keys()
+    assert all(torch.equal(over_ssh[name], alone[name]) for name in alone)
 
 
 def test_an_unreachable_host_or_a_refused_key_is_named_and_nothing_starts(
