@@ -47,12 +47,12 @@ def _rank_count(ranks: str) -> int:
 
 
 def ddpkit_cli(
-    *args: str, timeout: float = 120, input: str | None = None
+    *args: str, timeout: float = 120, input: str | None = None, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Run the ``ddpkit`` command from the repository root, as a user would (``input``: what
-    its standard input holds)."""
+    its standard input holds; ``env``: variables set on top of this process's)."""
     return subprocess.run(
-        [sys.executable, "-m", "ddpkit", *args],
+        [sys.executable, "-m", "ddpkit", *args], env={**os.environ, **(env or {})},
         cwd=REPO, capture_output=True, text=True, timeout=timeout, input=input,
     )  # fmt: skip
 

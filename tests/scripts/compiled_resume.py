@@ -17,7 +17,21 @@ if len(sys.argv) > 3:  # as on a machine with other vector instructions
 
 ddpkit.init(seed=0, hang_timeout=0)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 2))
+
+
+class Net(torch.nn.Module):
+    """A module of its own: under DDP (ddpkit run) Dynamo skips an nn.Sequential's forward
+    after DDP's graph break (a torch.nn frame), so nothing would be compiled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.outer = torch.nn.Linear(8, 32), torch.nn.Linear(32, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(F.gelu(self.inner(x)))
+
+
+model = Net()
 model = ddpkit.prepare_model(model, compile=True)
 data = TensorDataset(torch.randn(32, 8), torch.randint(0, 2, (32,)))
 trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), F.cross_entropy,

@@ -136,3 +136,24 @@ def cache_counts() -> tuple[int, int]:
     from torch._dynamo.utils import counters  # imported already when a model is compiled
 
     return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+
+# Said when a compiled model's first step captured no graph: torch ran it eagerly, silently.
+RAN_EAGERLY = (
+    "compile=True compiled nothing: Dynamo captured no graph in the first step, so the model "
+    "ran eagerly. Under DDP torch skips the forward of a torch.nn container used as the whole "
+    "model (nn.Sequential: after DDP's graph break its frame is torch's own); give the model "
+    "a class of your own whose forward calls it (examples/wine.py's WineNet)"
+)
+
+
+def captured_graphs() -> int:
+    """The graphs Dynamo captured in this process (any backend, cached or not).
+
+    Example::
+
+        if captured_graphs() == 0: logger.warning(RAN_EAGERLY)
+    """
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])

@@ -35,8 +35,10 @@ from ddpkit._core.log import logger
 from ddpkit.parallel.compilecache import (
     CACHE_FOLDER,
     FINGERPRINT_FILE,
+    RAN_EAGERLY,
     any_compiled,
     cache_counts,
+    captured_graphs,
     compile_summary,
     keep_with_run,
 )
@@ -74,6 +76,8 @@ class CompiledRun:
     def first_step_done(self, rank: int) -> None:
         """Say what compiling cost the first step; rank 0 then carries new kernels to the store."""
         logger.info(compile_summary(time.perf_counter() - self.started))
+        if captured_graphs() == 0:
+            logger.warning(RAN_EAGERLY)
         if self.store is None or self.folder is None or rank != 0 or cache_counts()[1] == 0:
             return
         name = archive_name(self.folder)
