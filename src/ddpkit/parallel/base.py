@@ -130,6 +130,16 @@ class Strategy(ABC):
         """Around an epoch whose ranks hold different numbers of batches."""
         return contextlib.nullcontext()
 
+    def start_update(self, model: nn.Module, run: Any) -> None:
+        """Before an optimizer update's backward passes (``run``: the loop's RunState). Only
+        fault-tolerant replica groups do anything here: they ask for the step's quorum."""
+        return None
+
+    def finish_update(self, model: nn.Module) -> bool:
+        """After the update's backward passes, before the step: whether to take it. Only
+        fault-tolerant replica groups can say no (the exchange between groups failed)."""
+        return True
+
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's tensors on CPU (a collective where the state is sharded)."""
         state = self.unwrap(model).state_dict()

@@ -65,6 +65,8 @@ class Updater:
         self.final = (index + 1) % accumulate == 0 or last
         first = index - index % accumulate  # the epoch's last group may be short
         self.group = accumulate if total is None else min(accumulate, total - first)
+        if index == first:
+            self.run.strategy.start_update(self.run.model, self.run)
 
     def gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
         """Around a micro-batch's forward and backward: all-reduce only on its group's last."""
@@ -120,6 +122,9 @@ class Updater:
             optimizer.zero_grad(set_to_none=True)
 
     def _step(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        if not self.run.strategy.finish_update(self.run.model):
+            self.zero_grad()  # dropped on every replica group alike
+            return
         for optimizer in optimizers:
             if self.clip_grad_norm is not None:
                 self.precision.unscale(optimizer)  # clip the true gradients, not scaled ones

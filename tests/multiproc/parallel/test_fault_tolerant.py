@@ -1,0 +1,80 @@
+"""**Experimental** FaultTolerantStrategy (torchft): two replica groups of one process each,
+a lighthouse, one group killed with -9 mid-run. The other trains on without a restart (its
+step count never goes back), the killed one is started again and heals from it, and both
+end with identical weights."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers.jobs import kill_9, wait_until, workers_of
+from helpers.launch_helpers import REPO, SCRIPTS
+
+torchft = pytest.importorskip("torchft", reason="pip install 'ddpkit[ft]'")
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
+
+STEPS = 80
+
+
+@pytest.fixture
+def lighthouse() -> Iterator[str]:
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
+                              heartbeat_timeout_ms=1000)  # fmt: skip
+    yield f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
+    server.shutdown()
+
+
+class Group:
+    """One replica group: ``ddpkit run --nproc 1`` of the script, its output in a file."""
+
+    def __init__(self, index: int, lighthouse: str, folder: Path) -> None:
+        self.index, self.out = index, folder / f"group{index}.pt"
+        self.log = folder / f"group{index}-{time.monotonic_ns()}.log"
+        env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
+               "RUST_LOG": "warn"}  # fmt: skip
+        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1",
+                   str(SCRIPTS / "replica_group.py"), str(self.out), str(STEPS)]  # fmt: skip
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def steps(self) -> list[int]:
+        return [int(n) for n in re.findall(r"\] step (\d+)$", self.text(), re.M)]
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
+    lighthouse: str, tmp_path: Path
+) -> None:
+    survivor, doomed = Group(0, lighthouse, tmp_path), Group(1, lighthouse, tmp_path)
+    wait_until(lambda: max(doomed.steps(), default=0) >= 10, 120, "group 1 at step 10")
+    kill_9(doomed.process, workers_of(doomed.process.pid))
+    at_kill = max(survivor.steps())
+    wait_until(lambda: max(survivor.steps()) >= at_kill + 10, 60, "group 0 training alone")
+    assert "with 1 replica group(s) (was 2)" in survivor.text(), survivor.text()[-3000:]
+    back = Group(1, lighthouse, tmp_path)
+    assert survivor.process.wait(timeout=120) == 0, survivor.text()[-3000:]
+    assert back.process.wait(timeout=60) == 0, back.text()[-3000:]
+    steps = survivor.steps()
+    assert steps == sorted(steps) and steps[-1] == STEPS, steps  # never went back
+    assert "healed from a live peer" in back.text(), back.text()[-3000:]
+    healed_at = back.steps()[0]
+    assert healed_at > at_kill, (healed_at, at_kill)  # it took up the run where it stood
+    final = [torch.load(g.out, weights_only=True) for g in (survivor, back)]
+    assert final[0].keys() == final[1].keys()
+    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
