@@ -1,20 +1,23 @@
 """One replica group of a fault-tolerant job (FaultTolerantStrategy), as ``ddpkit run``
 starts it: ``DDPKIT_FT_GROUP`` names the group, ``TORCHFT_LIGHTHOUSE`` the lighthouse.
 
-``python replica_group.py OUT STEPS``: trains a small model with TrainLoop for STEPS
-optimizer steps, one batch a step with a pause so that a test can kill it mid-run;
-prints ``step N`` after each step and writes the final weights to OUT. Every group trains
-on the same batches (the data is not yet dealt between groups).
+``python replica_group.py OUT EPOCHS``: trains a small model with TrainLoop on 48 samples in
+batches of 4, dealt among the groups alive at each step (ReplicaBatches), with a pause a step
+so that a test can kill it mid-run; prints ``step N`` after each step, and writes the final
+weights to OUT and the batches each committed step trained (the ledger's record) to OUT.json.
 """
 
+import json
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
 import ddpkit
 from ddpkit.parallel.faulttolerant import FaultTolerantStrategy
+from ddpkit.parallel.replicabatches import ReplicaBatches
 
 
 class Net(torch.nn.Module):
@@ -27,26 +30,25 @@ class Net(torch.nn.Module):
 
 
 def main() -> None:
-    out, steps = sys.argv[1], int(sys.argv[2])
+    out, epochs = sys.argv[1], int(sys.argv[2])
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(int(time.time_ns()) % 1000)  # groups start apart: the first heals them
     model = ddpkit.prepare_model(Net(), FaultTolerantStrategy(timeout_s=10))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
-    batches = [
-        (torch.randn(8, 16, generator=generator), torch.randint(0, 4, (8,), generator=generator))
-        for _ in range(steps)
-    ]
+    data = TensorDataset(torch.randn(48, 16, generator=generator),
+                         torch.randint(0, 4, (48,), generator=generator))  # fmt: skip
+    batches = ReplicaBatches(model, data, batch_size=4, seed=0)
     loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
-    for _ in loop.epochs(1000):
+    for _ in loop.epochs(epochs):
         for x, y in loop.batches(batches):
             loop.backward(F.cross_entropy(model(x), y))
             loop.optimizer_step()
             print(f"step {loop.run.step}", flush=True)
-            if loop.run.step >= steps:
-                torch.save(ddpkit.unwrap_model(model).state_dict(), out)
-                return
             time.sleep(0.1)
+    torch.save(ddpkit.unwrap_model(model).state_dict(), out)
+    with open(out + ".json", "w") as record:
+        json.dump({"record": batches.record, "epochs": loop.run.epoch}, record)
 
 
 if __name__ == "__main__":

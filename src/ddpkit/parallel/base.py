@@ -130,9 +130,14 @@ class Strategy(ABC):
         """Around an epoch whose ranks hold different numbers of batches."""
         return contextlib.nullcontext()
 
-    def start_update(self, model: nn.Module, run: Any) -> None:
-        """Before an optimizer update's backward passes (``run``: the loop's RunState). Only
-        fault-tolerant replica groups do anything here: they ask for the step's quorum."""
+    def attach(self, model: nn.Module, run: Any) -> None:
+        """The loop's RunState, once, before training. Only fault-tolerant replica groups
+        keep it: a group that heals receives it from a live peer."""
+        return None
+
+    def start_update(self, model: nn.Module) -> None:
+        """Before an optimizer update's backward passes. Only fault-tolerant replica groups
+        do anything here: they ask for the step's quorum."""
         return None
 
     def finish_update(self, model: nn.Module) -> bool:

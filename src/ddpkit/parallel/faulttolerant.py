@@ -51,6 +51,19 @@ class Restorable(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+class Dealer(Protocol):
+    """What deals the batches among the groups (:class:`ReplicaBatches`)."""
+
+    @property
+    def idle(self) -> bool: ...
+
+    def committed(self, participants: int) -> None: ...
+
+    def state_dict(self) -> dict[str, int]: ...
+
+    def load_state_dict(self, state: dict[str, int]) -> None: ...
+
+
 @checked_options
 @dataclass(frozen=True, repr=False, kw_only=True)
 class FaultTolerantStrategy(DDPStrategy):
@@ -89,11 +102,14 @@ class FaultTolerantStrategy(DDPStrategy):
         ddp = set(DDPStrategy.fields())  # this strategy's own fields are not DDP's
         return {k: v for k, v in super()._torch_options().items() if k in ddp}
 
-    def start_update(self, model: nn.Module, run: Restorable) -> None:
-        _replicas(model).start(run)
+    def attach(self, model: nn.Module, run: Restorable) -> None:
+        replica_groups(model).attach(run)
+
+    def start_update(self, model: nn.Module) -> None:
+        replica_groups(model).start()
 
     def finish_update(self, model: nn.Module) -> bool:
-        return _replicas(model).average_and_vote(model)
+        return replica_groups(model).average_and_vote(model)
 
     def _group(self) -> str:
         group = self.group if self.group is not None else os.environ.get(FT_GROUP_ENV)
@@ -103,7 +119,13 @@ class FaultTolerantStrategy(DDPStrategy):
         return group
 
 
-def _replicas(model: nn.Module) -> ReplicaGroups:
+def replica_groups(model: nn.Module) -> ReplicaGroups:
+    """The replica groups of a model :class:`FaultTolerantStrategy` wrapped.
+
+    Example::
+
+        replica_groups(model).position()   # this group's place in this step's quorum
+    """
     from ddpkit.parallel.compiled import uncompiled
 
     replicas = getattr(uncompiled(model), "ddpkit_replicas", None)
@@ -116,7 +138,7 @@ class ReplicaGroups:
 
     Example::
 
-        groups = ReplicaGroups(strategy, world); groups.start(run)
+        groups = ReplicaGroups(strategy, world); groups.attach(run); groups.start()
         if groups.average_and_vote(model): optimizer.step()
     """
 
@@ -142,31 +164,54 @@ class ReplicaGroups:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
-        self._registered = False
+        self._open = False  # a quorum asked for and not voted on yet
         self._last_step, self._size = 0, 0
+        self._dealer: Dealer | None = None
         logger.info(f"replica group {self.group}: fault-tolerant across groups (experimental), "
                     f"lighthouse {lighthouse}")  # fmt: skip
 
-    def start(self, run: Restorable) -> None:
-        """Before a step's backward: ask for this step's quorum (healing, if behind)."""
-        if not self._registered:  # a peer that heals from this group receives the whole run
-            self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
-            self._registered = True
-        self.manager.start_quorum()
+    def attach(self, run: Restorable) -> None:
+        """A peer that heals from this group receives ``run`` whole (before any quorum)."""
+        self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
+
+    def deal_with(self, dealer: Dealer) -> None:
+        """Batches dealt by ``dealer`` (its state healed too; idle: zero gradients)."""
+        self.manager.register_state_dict_fn("ddpkit_batches", dealer.load_state_dict,
+                                            dealer.state_dict)  # fmt: skip
+        self._dealer = dealer
+
+    def start(self) -> None:
+        """Before a step's batch or backward: ask for this step's quorum (once a step)."""
+        if not self._open:
+            self.manager.start_quorum()
+            self._open = True
+
+    def position(self) -> int | None:
+        """This group's place in this step's quorum (None: healing, it only receives)."""
+        rank = self.manager.participating_rank()
+        return None if rank is None else int(rank)
 
     def average_and_vote(self, model: nn.Module) -> bool:
         """After backward: the gradients averaged over the groups in the quorum; whether
         every group may take the step (False: drop it everywhere)."""
-        works = [self.manager.allreduce(grad) for grad in _with_gradients(model)]
+        gradients = _with_gradients(model)
+        if self._dealer is not None and self._dealer.idle:
+            for grad in gradients:  # no batch of its own this step: it adds nothing
+                grad.zero_()
+        works = [self.manager.allreduce(grad) for grad in gradients]
         for work in works:
             work.wait()  # torchft divides by the participants here
         commit = bool(self.manager.should_commit())
-        self._say_changes()
+        self._open = False
+        participants = self.manager.num_participants()
+        if commit and self._dealer is not None:
+            self._dealer.committed(participants)
+        self._say_changes(participants)
         return commit
 
-    def _say_changes(self) -> None:
+    def _say_changes(self, size: int) -> None:
         """One line when the quorum's size changes or this group healed (caught up)."""
-        step, size = self.manager.current_step(), self.manager.num_participants()
+        step = self.manager.current_step()
         if step > self._last_step + 1:
             logger.info(f"replica group {self.group}: healed from a live peer, at step {step} "
                         f"(was at step {self._last_step})")  # fmt: skip

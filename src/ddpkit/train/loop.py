@@ -167,10 +167,12 @@ class TrainLoop:
         if self.run.epoch >= epochs:
             say_already_trained(self.run.epoch, epochs)
         with StopSignals(enabled=self.checkpointer is not None) as self._signals:
-            for epoch in range(self.run.epoch, epochs):
+            while self.run.epoch < epochs:
+                epoch = self.run.epoch
                 self._epoch_running, self._added = epoch, {}
                 yield epoch
-                self._end_epoch(epoch)
+                # run.epoch, not epoch: a replica group that healed mid-epoch took its peer's
+                self._end_epoch(self.run.epoch, ran=epoch)
         self._epoch_running, self._signals = None, None
         self._finish(None)
 
@@ -339,9 +341,9 @@ class TrainLoop:
         if limit is not None:
             self._stop(limit)
 
-    def _end_epoch(self, epoch: int) -> None:
+    def _end_epoch(self, epoch: int, ran: int) -> None:
         self.updater.step_schedulers("epoch")
-        progress = self._progress if self._progress and self._progress.epoch == epoch else None
+        progress = self._progress if self._progress and self._progress.epoch == ran else None
         # Every rank's metric sums, then its step times and memory, shared (collectives).
         trained = (
             {**progress.totals(), **self.observer.epoch_times(self.loader)} if progress else {}

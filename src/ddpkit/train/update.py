@@ -58,6 +58,7 @@ class Updater:
         self.final, self.group = True, 1  # this micro-batch ends its group of ``group``
         self.stepped = False  # an optimizer step was made in the group in progress
         self._stop: str | None = None  # a stop signal any rank got, agreed in this group
+        run.strategy.attach(run.model, run)
 
     def begin(self, index: int, total: int | None, last: bool) -> None:
         """Micro-batch ``index`` of ``total`` (None: unknown) starts; ``last``: the epoch's."""
@@ -66,7 +67,7 @@ class Updater:
         first = index - index % accumulate  # the epoch's last group may be short
         self.group = accumulate if total is None else min(accumulate, total - first)
         if index == first:
-            self.run.strategy.start_update(self.run.model, self.run)
+            self.run.strategy.start_update(self.run.model)
 
     def gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
         """Around a micro-batch's forward and backward: all-reduce only on its group's last."""

@@ -1,10 +1,12 @@
 """**Experimental** FaultTolerantStrategy (torchft): two replica groups of one process each,
 a lighthouse, one group killed with -9 mid-run. The other trains on without a restart (its
-step count never goes back), the killed one is started again and heals from it, and both
-end with identical weights."""
+step count never goes back), the killed one is started again and heals from it, every batch
+is trained on once per epoch whichever groups were alive (ReplicaBatches), and both end with
+identical weights."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -22,7 +24,7 @@ from helpers.launch_helpers import REPO, SCRIPTS
 torchft = pytest.importorskip("torchft", reason="pip install 'ddpkit[ft]'")
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
 
-STEPS = 80
+EPOCHS, BATCHES = 20, 12  # replica_group.py's: 48 samples in batches of 4; 240 steps alone
 
 
 @pytest.fixture
@@ -44,7 +46,7 @@ class Group:
         env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
                "RUST_LOG": "warn"}  # fmt: skip
         command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1",
-                   str(SCRIPTS / "replica_group.py"), str(self.out), str(STEPS)]  # fmt: skip
+                   str(SCRIPTS / "replica_group.py"), str(self.out), str(EPOCHS)]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -61,8 +63,10 @@ class Group:
 def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     lighthouse: str, tmp_path: Path
 ) -> None:
-    survivor, doomed = Group(0, lighthouse, tmp_path), Group(1, lighthouse, tmp_path)
-    wait_until(lambda: max(doomed.steps(), default=0) >= 10, 120, "group 1 at step 10")
+    survivor = Group(0, lighthouse, tmp_path)  # first: its record then holds every step
+    wait_until(lambda: bool(survivor.steps()), 120, "group 0's first step")
+    doomed = Group(1, lighthouse, tmp_path)  # it heals from group 0 on joining
+    wait_until(lambda: len(doomed.steps()) >= 6, 120, "group 1 training beside group 0")
     kill_9(doomed.process, workers_of(doomed.process.pid))
     at_kill = max(survivor.steps())
     wait_until(lambda: max(survivor.steps()) >= at_kill + 10, 60, "group 0 training alone")
@@ -71,10 +75,18 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     assert survivor.process.wait(timeout=120) == 0, survivor.text()[-3000:]
     assert back.process.wait(timeout=60) == 0, back.text()[-3000:]
     steps = survivor.steps()
-    assert steps == sorted(steps) and steps[-1] == STEPS, steps  # never went back
+    assert steps == sorted(steps), steps  # never went back
     assert "healed from a live peer" in back.text(), back.text()[-3000:]
-    healed_at = back.steps()[0]
-    assert healed_at > at_kill, (healed_at, at_kill)  # it took up the run where it stood
+    assert back.steps()[0] > at_kill, (back.steps()[0], at_kill)  # it took up the run there
     final = [torch.load(g.out, weights_only=True) for g in (survivor, back)]
     assert final[0].keys() == final[1].keys()
     assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
+    # The survivor saw every committed step of the job: each batch once in each epoch,
+    # those of the steps group 1 died in dealt again (its record ends where it rejoined).
+    record = json.loads(Path(f"{survivor.out}.json").read_text())
+    assert record["epochs"] == EPOCHS
+    for epoch in range(EPOCHS):
+        done = sorted(b for e, batches in record["record"] if e == epoch for b in batches)
+        assert done == list(range(BATCHES)), (epoch, done)
+    rejoined = json.loads(Path(f"{back.out}.json").read_text())["record"]
+    assert rejoined == record["record"][-len(rejoined) :]  # the same ledger since it healed

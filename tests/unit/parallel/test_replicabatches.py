@@ -1,0 +1,116 @@
+"""ReplicaBatches' dealing, replayed without torchft: three groups in lockstep, whose quorum
+each step is scripted (a group dies, a step fails, a group heals and rejoins). Every batch
+is trained on once per epoch, by whichever groups were there."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import TensorDataset
+
+from ddpkit.parallel.faulttolerant import ReplicaGroups
+from ddpkit.parallel.replicabatches import ReplicaBatches
+
+BATCHES = 10  # 40 samples in batches of 4
+
+
+class Job:
+    """The script every group's fake manager reads: this step's members, and its fate."""
+
+    def __init__(self) -> None:
+        self.members: list[int] = []
+        self.fails = False
+        self.healing: dict[int, int] = {}  # healer -> the peer it heals from
+        self.states: dict[int, dict[str, Any]] = {}
+
+
+class FakeManager:
+    """What ReplicaGroups asks of torchft's Manager, answered from the job's script."""
+
+    def __init__(self, job: Job, group: int) -> None:
+        self.job, self.group = job, group
+        self.fns: dict[str, Any] = {}
+        self.received: dict[str, Any] | None = None
+
+    def register_state_dict_fn(self, key: str, load: Any, save: Any) -> None:
+        self.fns[key] = (load, save)
+        self.job.states.setdefault(self.group, {})[key] = save
+
+    def start_quorum(self) -> None:
+        peer = self.job.healing.get(self.group)
+        if peer is not None:  # torchft fetches the peer's state at the quorum, before its step
+            self.received = self.job.states[peer]["ddpkit_batches"]()
+
+    def participating_rank(self) -> int | None:
+        members = [g for g in self.job.members if g not in self.job.healing]
+        return members.index(self.group) if self.group in members else None
+
+    def num_participants(self) -> int:
+        return len([g for g in self.job.members if g not in self.job.healing])
+
+    def allreduce(self, tensor: torch.Tensor) -> Any:
+        return type("Done", (), {"wait": lambda self: True})()
+
+    def should_commit(self) -> bool:
+        if self.received is not None:  # torchft loads it here, then commits with the peers
+            self.fns["ddpkit_batches"][0](self.received)
+            self.received = None
+        return not self.job.fails
+
+    def current_step(self) -> int:
+        return 0
+
+
+def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, ReplicaGroups]:
+    model = torch.nn.Linear(2, 1)
+    groups = object.__new__(ReplicaGroups)  # its torchft parts replaced by the fake
+    groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
+    groups._last_step, groups._size, groups._dealer = 0, 0, None
+    model.ddpkit_replicas = groups  # type: ignore[assignment]
+    data = TensorDataset(torch.arange(40.0).unsqueeze(1), torch.zeros(40))
+    return ReplicaBatches(model, data, batch_size=4, shuffle=False), model, groups
+
+
+def step(job: Job, groups: dict[int, Any], iterators: dict[int, Any]) -> dict[int, Any]:
+    """One step of every member: its batch, its (zero) gradient, the vote."""
+    batches = {}
+    for g in job.members:
+        batches[g] = next(iterators[g], None)
+    for g in job.members:
+        _, model, replica = groups[g]
+        model.weight.grad = torch.ones_like(model.weight)
+        model.bias.grad = torch.ones_like(model.bias)
+        replica.average_and_vote(model)
+    return batches
+
+
+def test_each_batch_once_per_epoch_through_a_death_a_failed_step_and_a_rejoin() -> None:
+    job = Job()
+    groups = {g: group(job, g) for g in range(3)}
+    iterators = {g: iter(groups[g][0]) for g in range(3)}
+    trained: list[float] = []  # the first sample of each batch a committed step trained
+
+    def run(members: list[int], fails: bool = False, healing: dict[int, int] | None = None):
+        job.members, job.fails, job.healing = members, fails, healing or {}
+        batches = step(job, groups, iterators)
+        if not fails:
+            for g, batch in batches.items():
+                dealer = groups[g][0]
+                if batch is not None and g not in job.healing and not dealer.idle:
+                    trained.append(float(batch[0][0, 0]))
+
+    run([0, 1, 2])  # batches 0, 1, 2
+    run([0, 1, 2], fails=True)  # group 2 dies in the exchange: 3, 4, 5 dealt again
+    run([0, 1])  # 3, 4
+    run([0, 1])  # 5, 6
+    iterators[2] = iter(groups[2][0])  # group 2 started again: it heals from group 0
+    run([0, 1, 2], healing={2: 0})  # 7, 8 (group 2 receives the ledger, trains nothing)
+    run([0, 1, 2])  # 9, and two groups with no batch left (fillers, zero gradients)
+    assert sorted(trained) == [4.0 * b for b in range(BATCHES)]
+    assert [dealer.cursor for dealer, _, _ in groups.values()] == [12, 12, 12]
+    # The next call ends the epoch on every group at once; the next epoch starts at 0.
+    for g in range(3):
+        assert next(iterators[g], None) is None
+    assert [dealer.epoch for dealer, _, _ in groups.values()] == [1, 1, 1]
+    assert groups[0][0].record[-1] == (0, [9])
