@@ -48,6 +48,7 @@ COMMANDS = {
     "slurm": "ddpkit.tools.slurm.command",
     "k8s": "ddpkit.tools.k8s.command",
     "export": "ddpkit.tools.export.command",
+    "lighthouse": "ddpkit.tools.lighthouse.command",
 }
 
 

@@ -231,6 +231,7 @@ def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
 
 
 def _torchft() -> Any:
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: lines on every quorum else
     try:
         import torchft
     except ImportError:

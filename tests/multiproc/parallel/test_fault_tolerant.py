@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,12 +30,18 @@ EPOCHS, BATCHES = 20, 12  # replica_group.py's: 48 samples in batches of 4; 240 
 
 @pytest.fixture
 def lighthouse() -> Iterator[str]:
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
-                              heartbeat_timeout_ms=1000)  # fmt: skip
-    yield f"http://127.0.0.1:{server.address().rsplit(':', 1)[1]}"
-    server.shutdown()
+    """``ddpkit lighthouse`` on a free port, a heartbeat timeout of 1 s; its address."""
+    command = [sys.executable, "-m", "ddpkit", "lighthouse", "--bind", "127.0.0.1:0",
+               "--heartbeat-ms", "1000"]  # fmt: skip
+    server = subprocess.Popen(command, cwd=REPO, text=True, stderr=subprocess.PIPE)
+    assert server.stderr is not None
+    said = next(line for line in server.stderr if "lighthouse at " in line)
+    address = re.search(r"TORCHFT_LIGHTHOUSE=(\S+);", said)
+    assert address, said
+    threading.Thread(target=server.stderr.read, daemon=True).start()  # never a full pipe
+    yield address[1]
+    server.terminate()  # SIGTERM: it stops and says nothing more
+    assert server.wait(timeout=30) == 0
 
 
 class Group:

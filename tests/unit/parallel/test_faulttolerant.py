@@ -16,6 +16,12 @@ class World:
     rank, world_size, device = 0, 1, torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def rust_log(monkeypatch) -> None:
+    """torchft's log level, which ddpkit sets before importing it, restored after the test."""
+    monkeypatch.setenv("RUST_LOG", "warn")
+
+
 def test_without_torchft_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "torchft", None)  # import now raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'ddpkit\[ft\]'"):

@@ -1,0 +1,99 @@
+"""``ddpkit lighthouse`` (**experimental**): start the torchft lighthouse that the replica
+groups of a fault-tolerant job (``FaultTolerantStrategy``) meet at, and keep it until stopped.
+
+It keeps the list of groups alive (a group that misses heartbeats for ``--heartbeat-ms`` is
+left out of the next step) and starts each step's quorum. It prints the address to give each
+group as ``TORCHFT_LIGHTHOUSE``. A group that cannot reach it names it and gives up after its
+``timeout_s``; a short outage is ridden out (``quorum_retries``).
+
+Example:
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(); add_arguments(parser)
+    >>> parser.parse_args(["--bind", "0.0.0.0:29510"]).min_groups
+    1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+from ddpkit._core.log import command_logger
+from ddpkit._core.validate import check_positive_int
+from ddpkit.errors import ConfigError
+
+HELP = "start the torchft lighthouse of a fault-tolerant job's replica groups (experimental)"
+DESCRIPTION = (
+    "Start the torchft lighthouse that the replica groups of a fault-tolerant job "
+    "(FaultTolerantStrategy, experimental) meet at, print its address for TORCHFT_LIGHTHOUSE, "
+    "and keep it until Ctrl-C or SIGTERM. Needs pip install 'ddpkit[ft]'."
+)
+INSTALL = "pip install 'ddpkit[ft]' (torchft)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where it listens and how it judges the groups.
+
+    Example:
+        >>> parser = argparse.ArgumentParser(); add_arguments(parser)
+        >>> parser.parse_args([]).bind
+        '0.0.0.0:29510'
+    """
+    flag = parser.add_argument
+    flag("--bind", default="0.0.0.0:29510", metavar="HOST:PORT",
+         help="where it listens (port 0: a free one; default 0.0.0.0:29510)")  # fmt: skip
+    flag("--min-groups", type=int, default=1, metavar="N",
+         help="the fewest replica groups a step may be taken with (default 1)")  # fmt: skip
+    flag("--heartbeat-ms", type=int, default=5000, metavar="MS",
+         help="a group silent this long is left out of the next step (default 5000)")  # fmt: skip
+    flag("--join-ms", type=int, default=1000, metavar="MS",
+         help="how long a new quorum waits for groups still joining (default 1000)")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    """Serve until stopped; 0 on Ctrl-C or SIGTERM.
+
+    Example::
+
+        main(parser.parse_args(["--bind", "127.0.0.1:0"]))
+    """
+    for name in ("min_groups", "heartbeat_ms", "join_ms"):
+        check_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    server = _serve(args)
+    port = server.address().rsplit(":", 1)[1]
+    host = args.bind.rsplit(":", 1)[0].strip("[]")
+    shown = socket.gethostname() if host in ("0.0.0.0", "::", "") else host
+    command_logger("lighthouse").info(
+        f"lighthouse at http://{shown}:{port} (experimental); start each replica group with "
+        f"TORCHFT_LIGHTHOUSE=http://{shown}:{port}; Ctrl-C stops it"
+    )
+    _wait_for_a_stop()
+    server.shutdown()
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> Any:
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: a line per quorum tick else
+    try:
+        from torchft.coordination import LighthouseServer
+    except ImportError:
+        raise ConfigError(f"ddpkit lighthouse needs torchft: {INSTALL}") from None
+    try:
+        return LighthouseServer(bind=args.bind, min_replicas=args.min_groups,
+                                join_timeout_ms=args.join_ms,
+                                heartbeat_timeout_ms=args.heartbeat_ms)  # fmt: skip
+    except RuntimeError as err:
+        raise ConfigError(f"the lighthouse cannot listen on {args.bind}: {err}; give another "
+                          "--bind (port 0: a free one)") from None  # fmt: skip
+
+
+def _wait_for_a_stop() -> None:
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    while not stopped.wait(1.0):
+        pass
