@@ -1,0 +1,197 @@
+"""What one failure costs (issue 54): replica groups that train on (FaultTolerantStrategy,
+experimental) against ddpkit's exact restart, side by side in one run.
+
+- ``ft``: ``ddpkit lighthouse`` (heartbeat 1 s) and 2 replica groups of 1 process each;
+  group 1 is killed with -9 once it has made KILL_AT steps, and started again at once.
+- ``restart``: ``ddpkit run --nproc 2 --max-restarts 1``, a checkpoint every SAVE steps;
+  rank 1 is killed with -9 at step KILL_AT; torch's agent restarts both ranks, which resume
+  from the last checkpoint.
+
+Both train the same small model one batch a step with a 0.1 s pause (benchmarks/
+ft_recovery_job.py). Printed per side, median of --repeat alternating runs: steps lost (work
+done again or dropped), the stall (the longest gap between two steps around the kill), the
+steps the job made while the killed part was away, and the time from the kill to the killed
+part training again.
+
+    GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/ft_recovery.py --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = str(REPO / "benchmarks" / "ft_recovery_job.py")
+KILL_AT, SAVE, EPOCHS = 30, 20, 6  # 24 batches an epoch
+# "[rank0] ..." or, the same line from several ranks merged, "[ranks 0-1] ..."
+LINE = re.compile(r"\[ranks? ?(\d)(?:-(\d))?\] step (\d+) committed (\d+) at ([\d.]+)")
+
+
+class Process:
+    """A command in its own session, its lines collected with the time they came."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self.process = subprocess.Popen(command, cwd=REPO, env=env, text=True,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        start_new_session=True)  # fmt: skip
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append((time.time(), line))
+
+    def steps(self, rank: int = 0) -> list[tuple[int, int, float]]:
+        found = [LINE.search(line) for _, line in list(self.lines)]
+        return [(int(m[3]), int(m[4]), float(m[5])) for m in found
+                if m and int(m[1]) <= rank <= int(m[2] or m[1])]  # fmt: skip
+
+    def wait_for(self, condition, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise SystemExit("".join(line for _, line in self.lines[-40:]))
+            time.sleep(0.01)
+
+
+def ddpkit(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ddpkit", *args]
+
+
+def kill_9(process: Process, rank_pid: int | None = None) -> float:
+    """SIGKILL to the worker (or the whole group) and its launcher; the moment of the kill."""
+    moment = time.time()
+    if rank_pid is not None:
+        os.kill(rank_pid, signal.SIGKILL)
+        return moment
+    workers = _descendants(process.process.pid)
+    os.killpg(process.process.pid, signal.SIGKILL)
+    for pid in workers:  # in sessions of their own (torch's launcher)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return moment
+
+
+def _descendants(pid: int) -> list[int]:
+    found, parents = [], [pid]
+    while parents:
+        parent = parents.pop()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                found.append(int(stat.parent.name))
+                parents.append(int(stat.parent.name))
+    return found
+
+
+def fault_tolerant() -> dict[str, float]:
+    env = {**os.environ, "RUST_LOG": "warn"}
+    lighthouse = Process(
+        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-ms", "1000"), env
+    )
+    lighthouse.wait_for(lambda: any("TORCHFT_LIGHTHOUSE=" in line for _, line in lighthouse.lines))
+    said = next(line for _, line in lighthouse.lines if "TORCHFT_LIGHTHOUSE=" in line)
+    env["TORCHFT_LIGHTHOUSE"] = re.search(r"TORCHFT_LIGHTHOUSE=(\S+);", said)[1]  # type: ignore[index]
+    group = [ddpkit("run", "--nproc", "1", JOB, "ft", str(EPOCHS))]
+    survivor = Process(group[0], {**env, "DDPKIT_FT_GROUP": "0"})
+    survivor.wait_for(lambda: bool(survivor.steps()))
+    doomed = Process(group[0], {**env, "DDPKIT_FT_GROUP": "1"})
+    doomed.wait_for(lambda: len(doomed.steps()) >= KILL_AT)
+    killed = kill_9(doomed)
+    back = Process(group[0], {**env, "DDPKIT_FT_GROUP": "1"})
+    back.wait_for(lambda: bool(back.steps()))
+    survivor.process.wait(timeout=300)
+    back.process.wait(timeout=120)
+    lighthouse.process.terminate()
+    lighthouse.process.wait(timeout=30)
+    steps = survivor.steps()
+    before = [s for s in steps if s[2] < killed]
+    after = [s for s in steps if s[2] >= killed]
+    healed_at = back.steps()[0][2]
+    alone = [s for s in after if s[2] < healed_at]
+    together = [s for s in before if s[2] > before[-1][2] - 3]
+    dropped = (after[-1][0] - after[-1][1]) - (before[-1][0] - before[-1][1])
+    return {
+        "steps lost": float(dropped),
+        "stall s": max(b[2] - a[2] for a, b in zip([before[-1], *after], after, strict=False)),
+        "steps while away": float(len(alone)),
+        "steps/s while away": _rate(alone),
+        "steps/s together": _rate(together),
+        "kill to training again s": healed_at - killed,
+    }
+
+
+def exact_restart(folder: Path) -> dict[str, float]:
+    command = ddpkit("run", "--nproc", "2", "--max-restarts", "1", JOB, "restart", str(EPOCHS),
+                     str(folder), str(SAVE))  # fmt: skip
+    job = Process(command, dict(os.environ))
+    job.wait_for(lambda: len(job.steps(1)) >= KILL_AT)
+    rank1 = _rank_pid(job, 1)
+    last = job.steps()[-1][0]
+    killed = kill_9(job, rank1)
+    job.process.wait(timeout=300)
+    after = [s for s in job.steps() if s[2] >= killed]
+    resumed = after[0][0] - 1
+    return {
+        "steps lost": float(last - resumed),
+        "stall s": after[0][2] - max(s[2] for s in job.steps() if s[2] < killed),
+        "steps while away": 0.0,
+        "steps/s while away": 0.0,
+        "steps/s together": _rate(job.steps()[-10:]),
+        "kill to training again s": after[0][2] - killed,
+    }
+
+
+def _rank_pid(job: Process, rank: int) -> int:
+    for pid in _descendants(job.process.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    raise SystemExit(f"no worker of rank {rank}")
+
+
+def _rate(steps: list[tuple[int, int, float]]) -> float:
+    if len(steps) < 2:
+        return 0.0
+    return (len(steps) - 1) / (steps[-1][2] - steps[0][2])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    runs: dict[str, list[dict[str, float]]] = {"ft": [], "restart": []}
+    for _ in range(args.repeat):
+        runs["ft"].append(fault_tolerant())
+        with tempfile.TemporaryDirectory() as folder:
+            runs["restart"].append(exact_restart(Path(folder)))
+        print({side: found[-1] for side, found in runs.items()}, flush=True)
+    print(f"\nmedian of {args.repeat} alternating runs, a kill -9 at step {KILL_AT} "
+          f"(restart: a checkpoint every {SAVE} steps)\n")  # fmt: skip
+    print("| measure | replica groups (torchft) | exact restart |\n|---|---|---|")
+    for name in runs["ft"][0]:
+        ft = statistics.median(r[name] for r in runs["ft"])
+        restart = statistics.median(r[name] for r in runs["restart"])
+        print(f"| {name} | {ft:.2f} | {restart:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
