@@ -1,10 +1,12 @@
 """One replica group of a fault-tolerant job (FaultTolerantStrategy), as ``ddpkit run``
 starts it: ``DDPKIT_FT_GROUP`` names the group, ``TORCHFT_LIGHTHOUSE`` the lighthouse.
 
-``python replica_group.py OUT EPOCHS``: trains a small model with TrainLoop on 48 samples in
-batches of 4, dealt among the groups alive at each step (ReplicaBatches), with a pause a step
-so that a test can kill it mid-run; prints ``step N`` after each step, and writes the final
-weights to OUT and the batches each committed step trained (the ledger's record) to OUT.json.
+``python replica_group.py OUT EPOCHS [trainer]``: trains a small model with TrainLoop on 48
+samples in batches of 4, dealt among the groups alive at each step (ReplicaBatches), with a
+pause a step so that a test can kill it mid-run; prints ``step N`` after each step, and
+writes the final weights to OUT and the batches each committed step trained (the ledger's
+record) to OUT.json.
+With ``trainer``: the same through ``Trainer.fit``, without the pause.
 """
 
 import json
@@ -39,16 +41,22 @@ def main() -> None:
     data = TensorDataset(torch.randn(48, 16, generator=generator),
                          torch.randint(0, 4, (48,), generator=generator))  # fmt: skip
     batches = ReplicaBatches(model, data, batch_size=4, seed=0)
-    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
-    for _ in loop.epochs(epochs):
-        for x, y in loop.batches(batches):
-            loop.backward(F.cross_entropy(model(x), y))
-            loop.optimizer_step()
-            print(f"step {loop.run.step}", flush=True)
-            time.sleep(0.1)
+    if sys.argv[3:] == ["trainer"]:  # the other face, without pauses
+        trainer = ddpkit.Trainer(model, opt, F.cross_entropy)
+        trainer.fit(batches, epochs=epochs)
+        trained_epochs = trainer.epoch
+    else:
+        loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+        for _ in loop.epochs(epochs):
+            for x, y in loop.batches(batches):
+                loop.backward(F.cross_entropy(model(x), y))
+                loop.optimizer_step()
+                print(f"step {loop.run.step}", flush=True)
+                time.sleep(0.1)
+        trained_epochs = loop.run.epoch
     torch.save(ddpkit.unwrap_model(model).state_dict(), out)
     with open(out + ".json", "w") as record:
-        json.dump({"record": batches.record, "epochs": loop.run.epoch}, record)
+        json.dump({"record": batches.record, "epochs": trained_epochs}, record)
 
 
 if __name__ == "__main__":

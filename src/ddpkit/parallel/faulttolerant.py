@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -165,6 +166,8 @@ class ReplicaGroups:
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
         self._open = False  # a quorum asked for and not voted on yet
+        self._asked = time.perf_counter()  # when this step's quorum was asked for
+        self._received: tuple[int, float] | None = None  # a heal's bytes and seconds
         self._last_step, self._size = 0, 0
         self._dealer: Dealer | None = None
         logger.info(f"replica group {self.group}: fault-tolerant across groups (experimental), "
@@ -172,7 +175,12 @@ class ReplicaGroups:
 
     def attach(self, run: Restorable) -> None:
         """A peer that heals from this group receives ``run`` whole (before any quorum)."""
-        self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
+
+        def receive(state: dict[str, Any]) -> None:  # healing: what came, and how long it took
+            self._received = (_tensor_bytes(state), time.perf_counter() - self._asked)
+            run.load_state_dict(state)
+
+        self.manager.register_state_dict_fn("ddpkit", receive, run.state_dict)
 
     def deal_with(self, dealer: Dealer) -> None:
         """Batches dealt by ``dealer`` (its state healed too; idle: zero gradients)."""
@@ -183,6 +191,7 @@ class ReplicaGroups:
     def start(self) -> None:
         """Before a step's batch or backward: ask for this step's quorum (once a step)."""
         if not self._open:
+            self._asked = time.perf_counter()
             self.manager.start_quorum()
             self._open = True
 
@@ -213,12 +222,26 @@ class ReplicaGroups:
         """One line when the quorum's size changes or this group healed (caught up)."""
         step = self.manager.current_step()
         if step > self._last_step + 1:
+            got, seconds = self._received or (0, 0.0)
             logger.info(f"replica group {self.group}: healed from a live peer, at step {step} "
-                        f"(was at step {self._last_step})")  # fmt: skip
+                        f"(was at step {self._last_step}): the run's state, {got / 2**20:.2f} "
+                        f"MiB, received in {seconds:.2f} s")  # fmt: skip
+            self._received = None
         if size != self._size:
             logger.info(f"replica group {self.group}: step {step} with {size} replica "
                         f"group(s) (was {self._size})")  # fmt: skip
         self._last_step, self._size = step, size
+
+
+def _tensor_bytes(state: Any) -> int:
+    """The bytes of the tensors in a (nested) state dict."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return sum(_tensor_bytes(value) for value in state)
+    return 0
 
 
 def _with_gradients(model: nn.Module) -> list[torch.Tensor]:

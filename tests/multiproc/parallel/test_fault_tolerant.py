@@ -47,13 +47,13 @@ def lighthouse() -> Iterator[str]:
 class Group:
     """One replica group: ``ddpkit run --nproc 1`` of the script, its output in a file."""
 
-    def __init__(self, index: int, lighthouse: str, folder: Path) -> None:
+    def __init__(self, index: int, lighthouse: str, folder: Path, *face: str) -> None:
         self.index, self.out = index, folder / f"group{index}.pt"
         self.log = folder / f"group{index}-{time.monotonic_ns()}.log"
         env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
                "RUST_LOG": "warn"}  # fmt: skip
-        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1",
-                   str(SCRIPTS / "replica_group.py"), str(self.out), str(EPOCHS)]  # fmt: skip
+        script = [str(SCRIPTS / "replica_group.py"), str(self.out), str(EPOCHS), *face]
+        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1", *script]
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -83,7 +83,9 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     assert back.process.wait(timeout=60) == 0, back.text()[-3000:]
     steps = survivor.steps()
     assert steps == sorted(steps), steps  # never went back
-    assert "healed from a live peer" in back.text(), back.text()[-3000:]
+    healed = re.search(r"healed from a live peer, at step \d+ \(was at step 0\): the run's "
+                       r"state, ([\d.]+) MiB, received in ([\d.]+) s", back.text())  # fmt: skip
+    assert healed and float(healed[1]) > 0, back.text()[-3000:]
     assert back.steps()[0] > at_kill, (back.steps()[0], at_kill)  # it took up the run there
     final = [torch.load(g.out, weights_only=True) for g in (survivor, back)]
     assert final[0].keys() == final[1].keys()
@@ -97,3 +99,20 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
         assert done == list(range(BATCHES)), (epoch, done)
     rejoined = json.loads(Path(f"{back.out}.json").read_text())["record"]
     assert rejoined == record["record"][-len(rejoined) :]  # the same ledger since it healed
+
+
+def test_the_trainer_trains_replica_groups_as_trainloop_does(
+    lighthouse: str, tmp_path: Path
+) -> None:
+    """The other face, no failure: two groups through Trainer.fit end identical, every
+    batch trained once per epoch between them."""
+    groups = [Group(g, lighthouse, tmp_path, "trainer") for g in (0, 1)]
+    for group in groups:
+        assert group.process.wait(timeout=180) == 0, group.text()[-3000:]
+    final = [torch.load(g.out, weights_only=True) for g in groups]
+    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
+    records = [json.loads(Path(f"{g.out}.json").read_text()) for g in groups]
+    assert records[0]["epochs"] == records[1]["epochs"] == EPOCHS
+    for epoch in range(1, EPOCHS):  # the first may have started before the second joined
+        done = sorted(b for e, batches in records[0]["record"] if e == epoch for b in batches)
+        assert done == list(range(BATCHES)), (epoch, done)
