@@ -81,7 +81,10 @@ def leave_work_behind(rank: int) -> None:
 
     def late(what: str) -> None:
         time.sleep(0.5)
-        print(f"{what} done on rank {rank}", flush=True)
+        # One write with its newline: print writes the text and the newline apart, and the
+        # two threads' lines, due at the same moment, then ran into each other once.
+        sys.stdout.write(f"{what} done on rank {rank}\n")
+        sys.stdout.flush()
 
     threading.Thread(target=late, args=("thread",)).start()
     concurrent.futures.ThreadPoolExecutor(1).submit(late, "pool task")  # never shut down
