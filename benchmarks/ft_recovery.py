@@ -31,6 +31,9 @@ import threading
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from helpers.jobs import children
+
 REPO = Path(__file__).resolve().parent.parent
 JOB = str(REPO / "benchmarks" / "ft_recovery_job.py")
 KILL_AT, SAVE, EPOCHS = 30, 20, 6  # 24 batches an epoch
@@ -87,15 +90,9 @@ def kill_9(process: Process, rank_pid: int | None = None) -> float:
 def _descendants(pid: int) -> list[int]:
     found, parents = [], [pid]
     while parents:
-        parent = parents.pop()
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent:
-                found.append(int(stat.parent.name))
-                parents.append(int(stat.parent.name))
+        below = children(parents.pop())  # the tests' helper: /proc, Linux
+        found += below
+        parents += below
     return found
 
 
