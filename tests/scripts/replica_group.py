@@ -35,7 +35,7 @@ def main() -> None:
     out, epochs = sys.argv[1], int(sys.argv[2])
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(int(time.time_ns()) % 1000)  # groups start apart: the first heals them
-    model = ddpkit.prepare_model(Net(), FaultTolerantStrategy(timeout_s=10))
+    model = ddpkit.prepare_model(Net(), FaultTolerantStrategy(timeout_s=10, init_sync=True))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(48, 16, generator=generator),

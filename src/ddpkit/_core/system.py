@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import sys
 from pathlib import Path
 from typing import NoReturn
+
+_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
 
 def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
@@ -112,6 +115,44 @@ def loopback_interface() -> str | None:
     """
     names = interface_names()
     return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The IPv4 address of interface ``name``, asked of the kernel (Linux only).
+
+    Example:
+        >>> interface_ipv4("lo") in ("127.0.0.1", None)
+        True
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import fcntl  # not on Windows; imported here so the module loads everywhere
+
+    request = struct.pack("256s", name.encode()[:15])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+        except OSError:  # the interface has no IPv4 address (or vanished)
+            return None
+    return socket.inet_ntoa(reply[20:24])
+
+
+def route_to(host: str) -> tuple[str, str | None]:
+    """The local address this machine reaches ``host`` from, and its interface's name
+    (None where the kernel will not say): where traffic to that host really goes.
+
+    Example:
+        >>> route_to("127.0.0.1")[0]
+        '127.0.0.1'
+    """
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))  # UDP: nothing is sent; the kernel picks the route
+            local = str(probe.getsockname()[0])
+    except OSError:
+        return "?", None
+    named = (name for name in interface_names() if interface_ipv4(name) == local)
+    return local, next(named, None)
 
 
 def flush_and_exit(code: int) -> NoReturn:

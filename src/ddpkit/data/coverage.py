@@ -34,6 +34,13 @@ def sampler_coverage(loader: Any) -> dict[str, Any]:
 
         sampler_coverage(train_loader)["verdict"]   # 'ok'
     """
+    plan = getattr(loader, "epoch_plan", None)  # a loader that deals its own (ReplicaBatches)
+    if callable(plan):
+        indices, how = plan()
+        report = count_coverage([indices], len(loader.dataset))
+        ok = report["verdict"] == "ok"
+        text = f"{report['dataset']} samples in {how}"
+        return {"sampler": type(loader).__name__, **report, **({"text": text} if ok else {})}
     sampler = getattr(loader, "sampler", None)
     dataset_size = len(loader.dataset)
     kind = type(sampler).__name__

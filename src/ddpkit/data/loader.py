@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping, Sized
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
-from ddpkit._core.envvars import positive_int_var
-from ddpkit._core.protocol import REFERENCE_WORLD_ENV
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.data.samples import SampleIndex
 from ddpkit.data.stream import StreamLoader, rank_share
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.seeding import configured_seed, rank_seed
-from ddpkit.runtime.session import current_world
+from ddpkit.runtime.session import current_world, reference_world_size
 
 BatchPolicy = Literal["per_device", "global"]
 BATCH_POLICIES: tuple[BatchPolicy, ...] = get_args(BatchPolicy)
@@ -224,31 +222,6 @@ class GlobalOrderSampler(Sampler[int]):
         return sum(len(shard) for shard in self.shards)
 
 
-def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None:
-    """In ``ddpkit verify``'s single-process reference: the world size it stands in for.
-
-    Batches are then planned as for that many ranks and one process reads all their shards,
-    so its global batch, learning rate and sample order are those of the N-rank run.
-
-    Example:
-        >>> import ddpkit
-        >>> _ = ddpkit.init()
-        ddpkit: world size 1 ...
-        >>> reference_world_size({REFERENCE_WORLD_ENV: "2"})
-        2
-        >>> ddpkit.shutdown()
-    """
-    size = positive_int_var(REFERENCE_WORLD_ENV, environ)
-    if size is None:
-        return None
-    if current_world().world_size != 1:
-        raise ConfigError(
-            f"{REFERENCE_WORLD_ENV} is set (by ddpkit verify, for its single-process "
-            f"reference) but this process is one of {current_world().world_size}; unset it"
-        )
-    return size
-
-
 @dataclass(frozen=True)
 class BatchPlan:
     """How a batch size is spread over the ranks, and the learning rate that goes with it.
@@ -329,8 +302,9 @@ def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
         >>> loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))
         >>> set_epoch(loader, 3)     # a plain sampler has nothing to set: no-op
     """
-    if isinstance(loader, StreamLoader):  # a stream: its dataset reshuffles itself
-        loader.set_epoch(epoch)
+    own = getattr(loader, "set_epoch", None)  # a stream's, ReplicaBatches: it reshuffles
+    if callable(own):
+        own(epoch)
         return
     set_sampler_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
     if callable(set_sampler_epoch):

@@ -110,6 +110,8 @@ class StreamLoader(DataLoader[Any]):
         loader = StreamLoader(rank_share(stream, rank, world), "pad", batch_size=32)
     """
 
+    ranks_in_step = True  # every rank ends the epoch at the same step (the loop reads it)
+
     __len__ = None  # type: ignore[assignment]  # a stream has none: not Sized
 
     def __init__(self, dataset: IterableDataset[Any], uneven: str, **loader_kwargs: Any) -> None:

@@ -140,6 +140,11 @@ class Strategy(ABC):
         do anything here: they ask for the step's quorum."""
         return None
 
+    def loss_weight(self, model: nn.Module) -> float:
+        """What this rank's loss counts for in the update (1). Only fault-tolerant replica
+        groups weigh it: by the rank's share of the step's samples, 0 for a filler batch."""
+        return 1.0
+
     def finish_update(self, model: nn.Module) -> bool:
         """After the update's backward passes, before the step: whether to take it. Only
         fault-tolerant replica groups can say no (the exchange between groups failed)."""

@@ -10,10 +10,11 @@ next quorum (the lighthouse's heartbeat timeout) and the others go on at the sma
 without a restart; a group started again joins the next quorum and heals first: it receives
 the run's whole state (models, optimizers, the step) from a live peer, then trains on.
 
-"Experimental" means: the options and lines may change, CPU/gloo is what the tests run,
-and the data is not yet dealt again when a group drops (each group reads the loader it was
-given, so a dead group's batches are not trained on while it is down). ddpkit's checkpoints
-go on underneath, so losing every group resumes from the last one.
+"Experimental" means: the options and lines may change, and CPU/gloo is what the tests
+run. The batches are dealt among the groups alive at each step by
+:class:`~ddpkit.parallel.replicabatches.ReplicaBatches`, so each sample is trained on once
+per epoch whichever groups come and go. ddpkit's checkpoints go on underneath, so losing
+every group resumes from the last one.
 
 Example:
     >>> FaultTolerantStrategy(group="0", lighthouse="http://10.0.0.1:29510")
@@ -23,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +33,7 @@ from torch import nn
 
 from ddpkit._core.log import logger
 from ddpkit._core.protocol import FT_GROUP_ENV
-from ddpkit.errors import ConfigError
+from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.ddp import DDPStrategy
 
@@ -55,8 +55,7 @@ class Restorable(Protocol):
 class Dealer(Protocol):
     """What deals the batches among the groups (:class:`ReplicaBatches`)."""
 
-    @property
-    def idle(self) -> bool: ...
+    def loss_weight(self, participants: int) -> float: ...
 
     def committed(self, participants: int) -> None: ...
 
@@ -75,7 +74,10 @@ class FaultTolerantStrategy(DDPStrategy):
     ``group``: this replica group's name (default ``DDPKIT_FT_GROUP``); ``lighthouse``:
     the torchft lighthouse's address (default ``TORCHFT_LIGHTHOUSE``); ``min_groups``: the
     fewest groups a step may be taken with; ``timeout_s``: how long one exchange may take;
-    ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage).
+    ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage);
+    ``init_sync``: False (default), the groups start from identical weights (seeded alike,
+    as ``ddpkit.init(seed=...)`` does), checked at the first step; True, every group but one
+    receives that one's weights at step 0 and adds no gradient to the first step.
     DDP's options are its own too.
 
     Example:
@@ -88,6 +90,7 @@ class FaultTolerantStrategy(DDPStrategy):
     min_groups: int = 1
     timeout_s: float = 30.0
     quorum_retries: int = 3
+    init_sync: bool = False
 
     @property
     def layout(self) -> str:
@@ -108,6 +111,9 @@ class FaultTolerantStrategy(DDPStrategy):
 
     def start_update(self, model: nn.Module) -> None:
         replica_groups(model).start()
+
+    def loss_weight(self, model: nn.Module) -> float:
+        return replica_groups(model).loss_weight()
 
     def finish_update(self, model: nn.Module) -> bool:
         return replica_groups(model).average_and_vote(model)
@@ -144,30 +150,36 @@ class ReplicaGroups:
     """
 
     def __init__(self, strategy: FaultTolerantStrategy, world: World) -> None:
-        torchft = _torchft()
+        torchft = import_torchft()
         lighthouse = strategy.lighthouse or os.environ.get(LIGHTHOUSE_ENV)
         if not lighthouse:
             raise ConfigError(f"FaultTolerantStrategy needs the lighthouse's address: "
                               f"lighthouse='http://HOST:PORT', or {LIGHTHOUSE_ENV}")  # fmt: skip
         self.group, self.lighthouse = strategy._group(), lighthouse
+        self.rank, self.size = world.rank, world.world_size  # within the group
+        self.timeout_s, self.retries = strategy.timeout_s, strategy.quorum_retries
         timeout = timedelta(seconds=strategy.timeout_s)
         pg = torchft.ProcessGroupGloo(timeout=timeout) if world.device.type == "cpu" else (
             torchft.ProcessGroupNCCL(timeout=timeout))  # fmt: skip
+        from ddpkit.parallel.ftheal import HealTransport
+
+        self.transport = HealTransport(timeout)
+        self._store, store_addr, store_port = _group_store(world)
         try:
             self.manager = torchft.Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=strategy.min_groups,
+                checkpoint_transport=self.transport, store_addr=store_addr, store_port=store_port,
                 replica_id=f"ddpkit_group_{self.group}", lighthouse_addr=lighthouse,
                 rank=world.rank, world_size=world.world_size, timeout=timeout,
                 quorum_timeout=timeout, connect_timeout=timeout,
-                quorum_retries=strategy.quorum_retries,
+                quorum_retries=strategy.quorum_retries, init_sync=strategy.init_sync,
             )  # fmt: skip
         except RuntimeError as err:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
         self._open = False  # a quorum asked for and not voted on yet
-        self._asked = time.perf_counter()  # when this step's quorum was asked for
-        self._received: tuple[int, float] | None = None  # a heal's bytes and seconds
+        self._started = strategy.init_sync  # whether the groups' start was checked (or synced)
         self._last_step, self._size = 0, 0
         self._dealer: Dealer | None = None
         logger.info(f"replica group {self.group}: fault-tolerant across groups (experimental), "
@@ -175,12 +187,7 @@ class ReplicaGroups:
 
     def attach(self, run: Restorable) -> None:
         """A peer that heals from this group receives ``run`` whole (before any quorum)."""
-
-        def receive(state: dict[str, Any]) -> None:  # healing: what came, and how long it took
-            self._received = (_tensor_bytes(state), time.perf_counter() - self._asked)
-            run.load_state_dict(state)
-
-        self.manager.register_state_dict_fn("ddpkit", receive, run.state_dict)
+        self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
 
     def deal_with(self, dealer: Dealer) -> None:
         """Batches dealt by ``dealer`` (its state healed too; idle: zero gradients)."""
@@ -191,22 +198,35 @@ class ReplicaGroups:
     def start(self) -> None:
         """Before a step's batch or backward: ask for this step's quorum (once a step)."""
         if not self._open:
-            self._asked = time.perf_counter()
             self.manager.start_quorum()
             self._open = True
 
     def position(self) -> int | None:
         """This group's place in this step's quorum (None: healing, it only receives)."""
-        rank = self.manager.participating_rank()
+        try:
+            rank = self.manager.participating_rank()
+        except TimeoutError as err:  # torchft gave up on the quorum, retries included
+            raise RendezvousError(
+                f"replica group {self.group}: no quorum at the lighthouse {self.lighthouse} "
+                f"within {self.timeout_s:g} s, {self.retries} retries included ({err}); is the "
+                "lighthouse running? A longer outage needs a larger "
+                "FaultTolerantStrategy(quorum_retries=...)"
+            ) from None
         return None if rank is None else int(rank)
+
+    def loss_weight(self) -> float:
+        """Before backward: what this rank's loss counts for (its dealer's weighing; 1 for
+        batches the groups do not share out)."""
+        if self._dealer is None:
+            return 1.0
+        return self._dealer.loss_weight(self.manager.num_participants())
 
     def average_and_vote(self, model: nn.Module) -> bool:
         """After backward: the gradients averaged over the groups in the quorum; whether
         every group may take the step (False: drop it everywhere)."""
+        if not self._started:
+            self._check_same_start(model)
         gradients = _with_gradients(model)
-        if self._dealer is not None and self._dealer.idle:
-            for grad in gradients:  # no batch of its own this step: it adds nothing
-                grad.zero_()
         works = [self.manager.allreduce(grad) for grad in gradients]
         for work in works:
             work.wait()  # torchft divides by the participants here
@@ -218,30 +238,36 @@ class ReplicaGroups:
         self._say_changes(participants)
         return commit
 
+    def _check_same_start(self, model: nn.Module) -> None:
+        """At the job's first step (every group at step 0, none healing), whether all groups
+        start from the same weights: each parameter's sum, and its square, averaged over the
+        groups; the two agree only where every group's sums are equal."""
+        self._started = True
+        if self.manager.current_step() != 0 or self.position() is None:
+            return  # joining a running job: it heals from a peer
+        sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+        pair = torch.cat([sums, sums * sums])
+        self.manager.allreduce(pair).wait()
+        mean, mean_square = pair.chunk(2)
+        if not torch.allclose(mean_square, mean * mean, rtol=1e-9, atol=1e-12):
+            raise ConfigError(
+                f"replica group {self.group}: the replica groups start from different weights; "
+                "seed every group alike (ddpkit.init(seed=0)), or let one group's weights "
+                "reach the others at step 0: FaultTolerantStrategy(init_sync=True)"
+            )
+
     def _say_changes(self, size: int) -> None:
         """One line when the quorum's size changes or this group healed (caught up)."""
         step = self.manager.current_step()
-        if step > self._last_step + 1:
-            got, seconds = self._received or (0, 0.0)
-            logger.info(f"replica group {self.group}: healed from a live peer, at step {step} "
-                        f"(was at step {self._last_step}): the run's state, {got / 2**20:.2f} "
-                        f"MiB, received in {seconds:.2f} s")  # fmt: skip
-            self._received = None
+        heal = self.transport.last_heal
+        if step > self._last_step + 1 and heal is not None:
+            logger.info(f"replica group {self.group}: healed at step {step} (was at step "
+                        f"{self._last_step}): the run's state {heal.describe()}")  # fmt: skip
+            self.transport.last_heal = None
         if size != self._size:
             logger.info(f"replica group {self.group}: step {step} with {size} replica "
                         f"group(s) (was {self._size})")  # fmt: skip
         self._last_step, self._size = step, size
-
-
-def _tensor_bytes(state: Any) -> int:
-    """The bytes of the tensors in a (nested) state dict."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(_tensor_bytes(value) for value in state.values())
-    if isinstance(state, list | tuple):
-        return sum(_tensor_bytes(value) for value in state)
-    return 0
 
 
 def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
@@ -253,10 +279,32 @@ def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
     return [param.grad for param in model.parameters() if param.grad is not None]
 
 
-def _torchft() -> Any:
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: lines on every quorum else
+def _group_store(world: World) -> tuple[Any, str, int]:
+    """Where the group's ranks meet torchft's manager: ``ddpkit run``'s store, or for a
+    process started alone one of its own on loopback (kept alive with the group)."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return None, addr, int(port)
+    if world.world_size != 1:
+        raise ConfigError("FaultTolerantStrategy needs the group's store in MASTER_ADDR and "
+                          "MASTER_PORT: start each replica group with ddpkit run")  # fmt: skip
+    from torch._C._distributed_c10d import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    return store, "127.0.0.1", store.port
+
+
+def import_torchft(who: str = "FaultTolerantStrategy") -> Any:
+    """torchft, with its own log at warnings (else a line per quorum), or a ConfigError that
+    says which extra to install.
+
+    Example::
+
+        torchft = import_torchft("ddpkit lighthouse")
+    """
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft
     except ImportError:
-        raise ConfigError(f"FaultTolerantStrategy needs torchft: {INSTALL}") from None
+        raise ConfigError(f"{who} needs torchft: {INSTALL}") from None
     return torchft

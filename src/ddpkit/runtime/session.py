@@ -20,6 +20,7 @@ import atexit
 import dataclasses
 import faulthandler
 import gc
+from collections.abc import Mapping
 from datetime import timedelta
 
 import torch
@@ -27,12 +28,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import Store
 
 from ddpkit._core import log
-from ddpkit._core.protocol import failure_recorded
+from ddpkit._core.envvars import positive_int_var
+from ddpkit._core.protocol import REFERENCE_WORLD_ENV, failure_recorded
 from ddpkit._core.text import first_line
 from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.env.initmethod import InitMethod, parse_init_method
 from ddpkit.env.world import Backend, World
-from ddpkit.errors import NotInitializedError, RendezvousError
+from ddpkit.errors import ConfigError, NotInitializedError, RendezvousError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.runtime.errorfile import install_error_file_hook
 from ddpkit.runtime.errorhook import install_short_errors
@@ -221,3 +223,28 @@ def _teardown_at_exit() -> None:
         shutdown()
     except Exception as err:  # exiting anyway; a failed teardown must not mask the real error
         log.logger.warning(f"process group teardown failed at exit: {err}", extra=log.EVERY_RANK)
+
+
+def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None:
+    """In ``ddpkit verify``'s single-process reference: the world size it stands in for.
+
+    Batches are then planned as for that many ranks and one process reads all their shards,
+    so its global batch, learning rate and sample order are those of the N-rank run.
+
+    Example:
+        >>> import ddpkit
+        >>> _ = ddpkit.init()
+        ddpkit: world size 1 ...
+        >>> reference_world_size({REFERENCE_WORLD_ENV: "2"})
+        2
+        >>> ddpkit.shutdown()
+    """
+    size = positive_int_var(REFERENCE_WORLD_ENV, environ)
+    if size is None:
+        return None
+    if current_world().world_size != 1:
+        raise ConfigError(
+            f"{REFERENCE_WORLD_ENV} is set (by ddpkit verify, for its single-process "
+            f"reference) but this process is one of {current_world().world_size}; unset it"
+        )
+    return size

@@ -43,7 +43,6 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit.data.stream import StreamLoader
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.collectives import all_reduce_max
@@ -223,14 +222,15 @@ def even_epoch(
     was_even: bool,
 ) -> bool:  # fmt: skip
     """Whether every rank has as many batches in ``epoch`` (from 0), said when an epoch turns
-    uneven (``was_even``), not every epoch. A stream's loader keeps the ranks in step itself.
+    uneven (``was_even``), not every epoch. A loader whose ``ranks_in_step`` is true (a
+    stream's, ReplicaBatches) keeps the ranks in step itself.
 
     Example::
 
         even = even_epoch(model, loader, len(loader), "error", epoch=0, was_even=True)
     """
-    stream = isinstance(loader, StreamLoader)
-    spread = None if stream else uneven_shares(model, total, nonfinite_loss)
+    in_step = bool(getattr(loader, "ranks_in_step", False))  # a stream's, ReplicaBatches
+    spread = None if in_step else uneven_shares(model, total, nonfinite_loss)
     if spread and was_even:
         logger.info(
             f"epoch {epoch + 1}: {spread}; the epoch runs under torch's Join and stop "

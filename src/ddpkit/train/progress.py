@@ -32,7 +32,6 @@ from ddpkit._core.log import logger
 from ddpkit.checkpoint.rngstate import restore_rng
 from ddpkit.data.batches import batch_size_of, batches_in
 from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
-from ddpkit.data.stream import StreamLoader
 from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.steps import MetricSums
@@ -243,8 +242,9 @@ def skip_batches(loader: Any, count: int) -> Iterator[Any]:
         >>> list(skip_batches([10, 20, 30], 2))
         [30]
     """
-    if isinstance(loader, StreamLoader):  # it skips them itself, keeping ranks in step
-        loader.start_at_batch(count)
+    start_at_batch = getattr(loader, "start_at_batch", None)
+    if callable(start_at_batch):  # it skips them itself (a stream, keeping ranks in step)
+        start_at_batch(count)
         return iter(loader)
     sampler = getattr(loader, "sampler", None)
     per_batch = getattr(loader, "batch_size", None)

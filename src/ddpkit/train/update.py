@@ -79,6 +79,8 @@ class Updater:
         """Check ``loss`` for NaN/inf (without waiting for it), then backpropagate its share
         of the accumulation group, outside autocast, scaled under fp16."""
         self.guard.note_loss(loss)
+        weight = self.run.strategy.loss_weight(self.run.model)
+        loss = loss * weight if weight != 1.0 else loss
         with torch.autocast(loss.device.type, enabled=False):
             self.precision.backward(loss / self.group if self.group > 1 else loss)
 

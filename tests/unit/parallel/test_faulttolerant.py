@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from ddpkit.errors import ConfigError
+from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
 
 
@@ -56,3 +56,49 @@ def test_an_unreachable_lighthouse_is_named_with_its_address(monkeypatch) -> Non
     said = r"could not reach the lighthouse at http://127.0.0.1:1 within 2 s"
     with pytest.raises(ConfigError, match=said):
         ReplicaGroups(strategy, World())
+
+
+class Averaging:
+    """torchft's AVG all-reduce over two groups, the other group's tensor given."""
+
+    def __init__(self, other: torch.Tensor) -> None:
+        self.other = other
+
+    def current_step(self) -> int:
+        return 0
+
+    def participating_rank(self) -> int:
+        return 0
+
+    def allreduce(self, tensor: torch.Tensor) -> object:
+        tensor.add_(self.other).div_(2)
+        return type("Done", (), {"wait": lambda self: True})()
+
+
+def start_checked(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
+    groups = object.__new__(ReplicaGroups)
+    sums = torch.stack([p.detach().double().sum() for p in theirs.parameters()])
+    groups.manager, groups.group = Averaging(torch.cat([sums, sums * sums])), "0"
+    groups._check_same_start(mine)
+
+
+def test_groups_that_start_from_other_weights_are_refused_at_the_first_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    start_checked(model, model)  # seeded alike: nothing to say
+    torch.manual_seed(1)
+    with pytest.raises(ConfigError, match=r"start from different weights.*init_sync=True"):
+        start_checked(model, torch.nn.Linear(4, 2))
+
+
+def test_a_quorum_that_never_comes_names_the_lighthouse_and_the_retries() -> None:
+    class GaveUp:
+        def participating_rank(self) -> int:
+            raise TimeoutError("status: Cancelled")
+
+    groups = object.__new__(ReplicaGroups)
+    groups.manager, groups.group, groups.lighthouse = GaveUp(), "1", "http://10.0.0.1:29510"
+    groups.timeout_s, groups.retries = 10.0, 3
+    said = r"replica group 1: no quorum at the lighthouse http://10.0.0.1:29510 within 10 s, 3"
+    with pytest.raises(RendezvousError, match=said):
+        groups.position()

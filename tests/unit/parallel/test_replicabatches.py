@@ -5,10 +5,12 @@ is trained on once per epoch, by whichever groups were there."""
 from __future__ import annotations
 
 from typing import Any
+from unittest.mock import patch
 
 import torch
 from torch.utils.data import TensorDataset
 
+import ddpkit
 from ddpkit.parallel.faulttolerant import ReplicaGroups
 from ddpkit.parallel.replicabatches import ReplicaBatches
 
@@ -67,20 +69,25 @@ def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, Replic
     groups = object.__new__(ReplicaGroups)  # its torchft parts replaced by the fake
     groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
     groups._last_step, groups._size, groups._dealer = 0, 0, None
+    groups.rank, groups.size, groups._started = 0, 1, True
+    groups.timeout_s, groups.retries, groups.lighthouse = 1.0, 0, "http://h:1"
+    groups.transport = type("Transport", (), {"last_heal": None})()
     model.ddpkit_replicas = groups  # type: ignore[assignment]
     data = TensorDataset(torch.arange(40.0).unsqueeze(1), torch.zeros(40))
     return ReplicaBatches(model, data, batch_size=4, shuffle=False), model, groups
 
 
 def step(job: Job, groups: dict[int, Any], iterators: dict[int, Any]) -> dict[int, Any]:
-    """One step of every member: its batch, its (zero) gradient, the vote."""
+    """One step of every member: its batch, the gradient of its weighed loss (a gradient of
+    ones, times the weight), the vote."""
     batches = {}
     for g in job.members:
         batches[g] = next(iterators[g], None)
     for g in job.members:
         _, model, replica = groups[g]
-        model.weight.grad = torch.ones_like(model.weight)
-        model.bias.grad = torch.ones_like(model.bias)
+        weight = replica.loss_weight()
+        model.weight.grad = torch.ones_like(model.weight) * weight
+        model.bias.grad = torch.ones_like(model.bias) * weight
         replica.average_and_vote(model)
     return batches
 
@@ -114,3 +121,53 @@ def test_each_batch_once_per_epoch_through_a_death_a_failed_step_and_a_rejoin() 
         assert next(iterators[g], None) is None
     assert [dealer.epoch for dealer, _, _ in groups.values()] == [1, 1, 1]
     assert groups[0][0].record[-1] == (0, [9])
+
+
+def test_the_short_last_step_averages_over_the_slices_trained_not_every_group() -> None:
+    job = Job()
+    groups = {g: group(job, g) for g in range(3)}
+    iterators = {g: iter(groups[g][0]) for g in range(3)}
+    job.members = [0, 1, 2]
+    for _ in range(3):  # slices 0-8
+        step(job, groups, iterators)
+    step(job, groups, iterators)  # slice 9 alone: group 0's, the others fillers
+    grads = [float(groups[g][1].weight.grad[0, 0]) for g in range(3)]
+    # torchft divides the sum by 3 participants: 3 * 1 / 3 is slice 9's gradient alone
+    assert grads == [3.0, 0.0, 0.0]
+
+
+class Groups:
+    """A group's place as ReplicaBatches reads it: its rank in the group, the group's size,
+    and the group's position in the quorum."""
+
+    def __init__(self, rank: int, size: int, position: int) -> None:
+        self.rank, self.size, self._position = rank, size, position
+
+    def deal_with(self, dealer: Any) -> None: ...
+
+    def start(self) -> None: ...
+
+    def position(self) -> int:
+        return self._position
+
+
+def first_batch(groups: Groups) -> list[int]:
+    data = TensorDataset(torch.arange(40.0).unsqueeze(1))
+    with patch("ddpkit.parallel.replicabatches.replica_groups", lambda model: groups):
+        batches = ReplicaBatches(torch.nn.Linear(1, 1), data, batch_size=4, shuffle=False)
+    next(iter(batches))
+    return batches.dealt
+
+
+def test_the_ranks_of_two_groups_of_two_take_four_slices_side_by_side() -> None:
+    dealt = [first_batch(Groups(rank, 2, position)) for position in (0, 1) for rank in (0, 1)]
+    assert dealt == [list(range(4 * s, 4 * s + 4)) for s in range(4)]
+
+
+def test_verifys_reference_reads_what_every_rank_of_every_group_reads(monkeypatch) -> None:
+    monkeypatch.setenv("DDPKIT_VERIFY_AS_WORLD", "4")  # one process standing in for 2 x 2
+    ddpkit.init()
+    try:
+        assert first_batch(Groups(0, 1, 0)) == list(range(16))
+    finally:
+        ddpkit.shutdown()

@@ -13,8 +13,9 @@ import ddpkit
 from ddpkit._core.envvars import positive_int_var as env_int
 from ddpkit._core.torcherrors import summarize_mismatch
 from ddpkit.data.coverage import count_coverage, describe_coverage
-from ddpkit.data.loader import GlobalOrderSampler, reference_world_size
+from ddpkit.data.loader import GlobalOrderSampler
 from ddpkit.parallel.replicas import check_replicas, fingerprint
+from ddpkit.runtime.session import reference_world_size
 from ddpkit.tools.verify.report import compare_states, explained, findings, likely_causes
 from ddpkit.tools.verify.runner import RunResult, VerifyConfig, _check_resizable
 

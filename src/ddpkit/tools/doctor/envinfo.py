@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import struct
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -25,11 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpkit._core.system import interface_names, usable_cores
+from ddpkit._core.system import interface_ipv4, interface_names, usable_cores
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 
-_SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 LAUNCHER_VARS = (
     "RANK",
     "LOCAL_RANK",
@@ -164,26 +162,6 @@ def interfaces() -> list[dict[str, str | None]]:
         True
     """
     return [{"name": name, "ipv4": interface_ipv4(name)} for name in interface_names()]
-
-
-def interface_ipv4(name: str) -> str | None:
-    """The IPv4 address of interface ``name``, asked of the kernel (Linux only).
-
-    Example:
-        >>> interface_ipv4("lo") in ("127.0.0.1", None)
-        True
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import fcntl  # not on Windows; imported here so the module loads everywhere
-
-    request = struct.pack("256s", name.encode()[:15])
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            reply = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-        except OSError:  # the interface has no IPv4 address (or vanished)
-            return None
-    return socket.inet_ntoa(reply[20:24])
 
 
 def distributed_env(environ: Mapping[str, str]) -> dict[str, str]:

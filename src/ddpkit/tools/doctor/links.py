@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpkit._core.system import route_to
 from ddpkit.errors import ConfigError
 
 SLOWER = 3.0  # a host or link this many times slower than the others is named
@@ -208,13 +209,7 @@ def _time_all_reduce(nbytes: int, device: torch.device) -> dict[str, float]:
 
 def _host_name(master: str | None) -> str:
     """``hostname (address)``: the address this host reaches the master from."""
-    address = "?"
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            probe.connect((master or "127.0.0.1", 9))  # UDP: nothing is sent
-            address = probe.getsockname()[0]
-    except OSError:
-        pass
+    address, _ = route_to(master or "127.0.0.1")
     return f"{socket.gethostname()} ({address})"
 
 

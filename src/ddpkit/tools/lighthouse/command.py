@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import threading
@@ -25,6 +24,7 @@ from typing import Any
 from ddpkit._core.log import command_logger
 from ddpkit._core.validate import check_positive_int
 from ddpkit.errors import ConfigError
+from ddpkit.parallel.faulttolerant import import_torchft
 
 HELP = "start the torchft lighthouse of a fault-tolerant job's replica groups (experimental)"
 DESCRIPTION = (
@@ -32,7 +32,6 @@ DESCRIPTION = (
     "(FaultTolerantStrategy, experimental) meet at, print its address for TORCHFT_LIGHTHOUSE, "
     "and keep it until Ctrl-C or SIGTERM. Needs pip install 'ddpkit[ft]'."
 )
-INSTALL = "pip install 'ddpkit[ft]' (torchft)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,15 +76,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> Any:
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: a line per quorum tick else
+    import_torchft("ddpkit lighthouse")
+    from ddpkit.parallel.ftheal import serve_lighthouse
+
     try:
-        from torchft.coordination import LighthouseServer
-    except ImportError:
-        raise ConfigError(f"ddpkit lighthouse needs torchft: {INSTALL}") from None
-    try:
-        return LighthouseServer(bind=args.bind, min_replicas=args.min_groups,
-                                join_timeout_ms=args.join_ms,
-                                heartbeat_timeout_ms=args.heartbeat_ms)  # fmt: skip
+        return serve_lighthouse(args.bind, args.min_groups, args.heartbeat_ms, args.join_ms)
     except RuntimeError as err:
         raise ConfigError(f"the lighthouse cannot listen on {args.bind}: {err}; give another "
                           "--bind (port 0: a free one)") from None  # fmt: skip

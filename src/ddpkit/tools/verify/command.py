@@ -62,6 +62,10 @@ def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
     parser.add_argument("--then", type=int, default=pick(None), metavar="M",
                         help="resume the workers' run on M workers halfway, from its "
                              "checkpoint (an elastic job's world changing)")  # fmt: skip
+    parser.add_argument("--replica-groups", type=int, default=pick(None), metavar="G",
+                        help="experimental: a fault-tolerant run (FaultTolerantStrategy, "
+                             "torchft) of G replica groups of N workers each, no failure, "
+                             "against one process")  # fmt: skip
     parser.add_argument("--rtol", type=float, default=pick(None),
                         help="relative tolerance (default: 1e-4 fp32, 2e-2 bf16/fp16)")  # fmt: skip
     parser.add_argument("--atol", type=float, default=pick(None),
@@ -96,6 +100,7 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
         workers=merged["workers"],
         steps=merged["steps"],
         then=merged["then"],
+        replica_groups=merged["replica_groups"],
         rtol=merged["rtol"],
         atol=merged["atol"],
         check_every=merged["check_every"],
@@ -111,6 +116,14 @@ def _check_counts(values: dict[str, Any]) -> None:
         raise ConfigError(f"--workers must be at least 1 (got {values['workers']})")
     if values["then"] is not None and values["then"] < 1:
         raise ConfigError(f"--then must be at least 1 worker (got {values['then']})")
+    groups = values["replica_groups"]
+    if groups is not None and groups < 1:
+        raise ConfigError(f"--replica-groups must be at least 1 (got {groups})")
+    if groups is not None and values["then"] is not None:
+        raise ConfigError(
+            "--replica-groups and --then cannot be combined: a fault-tolerant job changes "
+            "size without a restart; verify one of them at a time"
+        )
     for flag in ("steps", "check_every"):
         if values[flag] < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {values[flag]})")

@@ -1,7 +1,7 @@
 """What ``ddpkit verify`` records inside the script it runs, as a callback of training.
 
 ``ddpkit verify`` runs the unchanged script twice, as N workers and as one process standing in
-for them (see :func:`ddpkit.data.loader.reference_world_size`), with ``DDPKIT_VERIFY_DIR`` set
+for them (see :func:`ddpkit.runtime.session.reference_world_size`), with ``DDPKIT_VERIFY_DIR`` set
 and :func:`install` named in ``DDPKIT_WORKER_SETUP``: each worker registers a :class:`Recorder`
 callback for every run of the process before the script starts
 (:func:`ddpkit.runtime.callbacks.register_callback`; no library module imports this one). It
@@ -32,12 +32,11 @@ from torch import nn
 from ddpkit._core.protocol import VERIFY_DIR_ENV
 from ddpkit.data.batches import batch_size_of, tensor_leaves
 from ddpkit.data.coverage import listable, sampler_coverage
-from ddpkit.data.loader import reference_world_size
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.callbacks import Callback, RunView, register_callback
 from ddpkit.runtime.collectives import all_gather_rows, is_main
-from ddpkit.runtime.session import current_world
+from ddpkit.runtime.session import current_world, reference_world_size
 
 RECORD_FILE = "record.json"
 PARAMS_FILE = "params.pt"
@@ -105,7 +104,9 @@ class Recorder(Callback):
         """Fingerprint each sample of a batch, by dataset index: its first tensor (the
         inputs) and the rest (targets, masks...), whatever the batch's structure."""
         n = batch_size_of(batch)
-        indices = self._epoch_order[self._position : self._position + n]
+        dealt = getattr(trainer.loader, "dealt", None)  # a loader that says (ReplicaBatches)
+        indices = list(dealt) if dealt is not None else (
+            self._epoch_order[self._position : self._position + n])  # fmt: skip
         self._position += n
         if len(indices) != n or len(self._samples) >= _MAX_SAMPLES:
             return

@@ -37,6 +37,7 @@ from ddpkit._core.protocol import (
 from ddpkit.errors import DdpkitError
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.launch.program import check_script
+from ddpkit.tools.verify.groups import group_env, groups_finding, lighthouse, merged_record, run_all
 from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE
 from ddpkit.tools.verify.report import (
     WORST_SHOWN,
@@ -68,6 +69,7 @@ class VerifyConfig:
     workers: int = 2
     steps: int = DEFAULT_STEPS
     then: int | None = None  # resume the workers' run on this many halfway
+    replica_groups: int | None = None  # a fault-tolerant run: this many groups of ``workers``
     rtol: float | None = None
     atol: float | None = None
     check_every: int = 1
@@ -94,7 +96,9 @@ def verify(config: VerifyConfig) -> tuple[bool, str]:
     check_script(config.script)
     with tempfile.TemporaryDirectory(prefix="ddpkit-verify-") as scratch:
         out = config.out or Path(scratch)
-        reference = run_side(config, out / "reference", workers=1, reference=True)
+        if config.replica_groups:
+            return judge(config, *run_fault_tolerant(config, out), out)
+        reference = run_reference(config, out / "reference")
         if config.then is None:
             workers = run_side(config, out / f"workers{config.workers}", workers=config.workers)
         else:
@@ -118,6 +122,39 @@ def run_resized(config: VerifyConfig, out: Path) -> RunResult:
     second = run_side(config, folder / "second", config.then, checkpoints=folder / "first")
     ends = {"initial": first.states["initial"], "final": second.states["final"]}
     return RunResult(merge_records(first.record, second.record), ends)
+
+
+def run_reference(config: VerifyConfig, folder: Path) -> RunResult:
+    """The single process standing in for the workers (of a fault-tolerant run: one replica
+    group alone, at a lighthouse of its own).
+
+    Example::
+
+        run_reference(VerifyConfig("examples/wine.py"), Path("/tmp/v/reference"))
+    """
+    if not config.replica_groups:
+        return run_side(config, folder, 1, reference=True)
+    with lighthouse(1) as address:
+        return run_side(config, folder, 1, reference=True, extra_env=group_env(0, address))
+
+
+def run_fault_tolerant(config: VerifyConfig, out: Path) -> tuple[RunResult, RunResult]:
+    """The single process as one replica group alone, then G groups of N workers at once,
+    each at a lighthouse of verify's own (:mod:`ddpkit.tools.verify.groups`).
+
+    Example::
+
+        reference, groups = run_fault_tolerant(VerifyConfig("ft.py", 1, replica_groups=2), out)
+    """
+    assert config.replica_groups is not None
+    reference = run_reference(config, out / "reference")
+    with lighthouse(config.replica_groups) as address:
+        results = run_all(lambda g: run_side(config, out / f"group{g}", config.workers,
+                                             extra_env=group_env(g, address)),
+                          config.replica_groups)  # fmt: skip
+    finals = [result.states["final"] for result in results]
+    record = merged_record([result.record for result in results], finals)
+    return reference, RunResult(record, results[0].states)
 
 
 def merge_records(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -174,10 +211,12 @@ def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tu
     final = compare_states(run.states["final"], ref.states["final"], rtol, atol)
     initial = compare_states(run.states["initial"], ref.states["initial"], rtol, atol)
     checks = findings(run.record, ref.record, initial, final, f"rtol {rtol:g} + atol {atol:g}")
+    if "groups" in run.record:
+        checks.append(groups_finding(run.record))
     passed = all(check.ok for check in checks)
     causes = likely_causes(run.record, ref.record, initial, None) if not passed else []
     if not passed and not explained(causes):
-        again = run_side(config, out / "reference-again", workers=1, reference=True)
+        again = run_reference(config, out / "reference-again")
         rerun = compare_states(again.states["final"], ref.states["final"], 0.0, 0.0)
         causes = likely_causes(run.record, ref.record, initial, max(d.max_abs for d in rerun))
     return passed, _report(config, run, checks, final, causes, passed)
@@ -192,11 +231,13 @@ def run_side(
     steps: int | None = None,
     save_at: int | None = None,
     checkpoints: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> RunResult:
     """One side: the single-process ``reference`` or ``workers`` workers; its record, or a
     clear error.
     ``steps`` (default: the config's), a checkpoint after step ``save_at``, and the folder
-    whose checkpoints it resumes from (default: its own, empty) serve ``--then``.
+    whose checkpoints it resumes from (default: its own, empty) serve ``--then``;
+    ``extra_env``, ``--replica-groups``.
 
     Example::
 
@@ -211,9 +252,10 @@ def run_side(
         MAX_STEPS_ENV: str(steps),
         WORKER_SETUP_ENV: RECORDER_SETUP,  # every worker records through a callback
         **({SAVE_AT_STEP_ENV: str(save_at)} if save_at else {}),
+        **(extra_env or {}),
     }
-    if reference:  # one process standing in for the N workers
-        env[REFERENCE_WORLD_ENV] = str(config.workers)
+    if reference:  # one process standing in for the N workers (of every replica group)
+        env[REFERENCE_WORLD_ENV] = str(config.workers * (config.replica_groups or 1))
         command = [sys.executable, "-m", "ddpkit.launch.worker", config.script]
         command += config.script_args
     else:
@@ -281,6 +323,8 @@ def _report(
 
 def _workers_text(config: VerifyConfig) -> str:
     workers = f"{config.workers} worker{'s' if config.workers > 1 else ''}"
+    if config.replica_groups:
+        return f"{config.replica_groups} replica groups of {workers}"
     if config.then is None:
         return workers
     return f"{workers} then {config.then} from step {max(1, config.steps // 2)}"
