@@ -36,6 +36,7 @@ from ddpkit._core.protocol import FT_GROUP_ENV
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.ddp import DDPStrategy
+from ddpkit.parallel.ftmembers import Members
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -74,11 +75,10 @@ class FaultTolerantStrategy(DDPStrategy):
     ``group``: this replica group's name (default ``DDPKIT_FT_GROUP``); ``lighthouse``:
     the torchft lighthouse's address (default ``TORCHFT_LIGHTHOUSE``); ``min_groups``: the
     fewest groups a step may be taken with; ``timeout_s``: how long one exchange may take;
-    ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage);
-    ``init_sync``: False (default), the groups start from identical weights (seeded alike,
-    as ``ddpkit.init(seed=...)`` does), checked at the first step; True, every group but one
-    receives that one's weights at step 0 and adds no gradient to the first step.
-    DDP's options are its own too.
+    ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage).
+    DDP's options are its own too. The groups start from identical weights (seeded alike,
+    as ``ddpkit.init(seed=...)`` does), which the first step checks; a group that joins a
+    running job receives the others' state instead.
 
     Example:
         >>> FaultTolerantStrategy(group="1", min_groups=1).uneven_batches
@@ -90,7 +90,6 @@ class FaultTolerantStrategy(DDPStrategy):
     min_groups: int = 1
     timeout_s: float = 30.0
     quorum_retries: int = 3
-    init_sync: bool = False
 
     @property
     def layout(self) -> str:
@@ -123,6 +122,9 @@ class FaultTolerantStrategy(DDPStrategy):
         if not group:
             raise ConfigError(f"FaultTolerantStrategy needs its replica group: group='0', or "
                               f"{FT_GROUP_ENV}=0 in each group's environment")  # fmt: skip
+        if not group.isdigit():  # torchft places a group's ranks by its number
+            raise ConfigError(f"a replica group is a number (0, 1, ...), not {group!r}: "
+                              f"group='1', or {FT_GROUP_ENV}=1")  # fmt: skip
         return group
 
 
@@ -172,15 +174,16 @@ class ReplicaGroups:
                 replica_id=f"ddpkit_group_{self.group}", lighthouse_addr=lighthouse,
                 rank=world.rank, world_size=world.world_size, timeout=timeout,
                 quorum_timeout=timeout, connect_timeout=timeout,
-                quorum_retries=strategy.quorum_retries, init_sync=strategy.init_sync,
+                quorum_retries=strategy.quorum_retries, init_sync=False,
             )  # fmt: skip
         except RuntimeError as err:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
         self._open = False  # a quorum asked for and not voted on yet
-        self._started = strategy.init_sync  # whether the groups' start was checked (or synced)
-        self._last_step, self._size = 0, 0
+        self.members = Members(int(self.group), world.device)
+        self._started = False  # whether the groups' start was checked
+        self._last_step = 0
         self._dealer: Dealer | None = None
         logger.info(f"replica group {self.group}: fault-tolerant across groups (experimental), "
                     f"lighthouse {lighthouse}")  # fmt: skip
@@ -210,7 +213,7 @@ class ReplicaGroups:
                 f"replica group {self.group}: no quorum at the lighthouse {self.lighthouse} "
                 f"within {self.timeout_s:g} s, {self.retries} retries included ({err}); is the "
                 "lighthouse running? A longer outage needs a larger "
-                "FaultTolerantStrategy(quorum_retries=...)"
+                "FaultTolerantStrategy(timeout_s=...)"
             ) from None
         return None if rank is None else int(rank)
 
@@ -228,6 +231,7 @@ class ReplicaGroups:
             self._check_same_start(model)
         gradients = _with_gradients(model)
         works = [self.manager.allreduce(grad) for grad in gradients]
+        works.append(self.members.exchange(self.manager))
         for work in works:
             work.wait()  # torchft divides by the participants here
         commit = bool(self.manager.should_commit())
@@ -235,7 +239,9 @@ class ReplicaGroups:
         participants = self.manager.num_participants()
         if commit and self._dealer is not None:
             self._dealer.committed(participants)
-        self._say_changes(participants)
+        step = self.manager.current_step()
+        self._say_heal(step)
+        self.members.say(step, participants, commit)
         return commit
 
     def _check_same_start(self, model: nn.Module) -> None:
@@ -252,22 +258,18 @@ class ReplicaGroups:
         if not torch.allclose(mean_square, mean * mean, rtol=1e-9, atol=1e-12):
             raise ConfigError(
                 f"replica group {self.group}: the replica groups start from different weights; "
-                "seed every group alike (ddpkit.init(seed=0)), or let one group's weights "
-                "reach the others at step 0: FaultTolerantStrategy(init_sync=True)"
+                "seed every group alike (ddpkit.init(seed=0) before building the model), or "
+                "load the same weights in each"
             )
 
-    def _say_changes(self, size: int) -> None:
-        """One line when the quorum's size changes or this group healed (caught up)."""
-        step = self.manager.current_step()
+    def _say_heal(self, step: int) -> None:
+        """One line when this group healed (caught up with the others)."""
         heal = self.transport.last_heal
         if step > self._last_step + 1 and heal is not None:
             logger.info(f"replica group {self.group}: healed at step {step} (was at step "
                         f"{self._last_step}): the run's state {heal.describe()}")  # fmt: skip
             self.transport.last_heal = None
-        if size != self._size:
-            logger.info(f"replica group {self.group}: step {step} with {size} replica "
-                        f"group(s) (was {self._size})")  # fmt: skip
-        self._last_step, self._size = step, size
+        self._last_step = step
 
 
 def _with_gradients(model: nn.Module) -> list[torch.Tensor]:

@@ -85,7 +85,8 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     kill_9(doomed.process, workers_of(doomed.process.pid))
     at_kill = max(survivor.steps())
     wait_until(lambda: max(survivor.steps()) >= at_kill + 10, 60, "group 0 training alone")
-    assert "with 1 replica group(s) (was 2)" in survivor.text(), survivor.text()[-3000:]
+    said = "with 1 replica group(s) (was 2): group 1 left (silent past the lighthouse's"
+    assert said in survivor.text(), survivor.text()[-3000:]
     back = Group(1, lighthouse, tmp_path)
     assert survivor.process.wait(timeout=120) == 0, survivor.text()[-3000:]
     assert back.process.wait(timeout=60) == 0, back.text()[-3000:]
@@ -136,7 +137,7 @@ def test_a_short_lighthouse_outage_is_ridden_out(tmp_path: Path) -> None:
     """The lighthouse killed with -9 mid-run and started again on its port 3 s later: both
     groups go on (torchft's quorum retries) and end identical, every batch once an epoch."""
     server, address = start_lighthouse()
-    groups = [Group(g, address, tmp_path) for g in (0, 1)]
+    groups = [Group(g, address, tmp_path, "patient") for g in (0, 1)]
     wait_until(lambda: all(len(g.steps()) >= 5 for g in groups), 120, "both groups training")
     server.kill()
     server.wait()

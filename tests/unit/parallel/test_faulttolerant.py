@@ -87,7 +87,7 @@ def test_groups_that_start_from_other_weights_are_refused_at_the_first_step() ->
     model = torch.nn.Linear(4, 2)
     start_checked(model, model)  # seeded alike: nothing to say
     torch.manual_seed(1)
-    with pytest.raises(ConfigError, match=r"start from different weights.*init_sync=True"):
+    with pytest.raises(ConfigError, match=r"start from different weights.*seed every group alike"):
         start_checked(model, torch.nn.Linear(4, 2))
 
 

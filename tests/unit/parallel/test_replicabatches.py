@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 
 import ddpkit
 from ddpkit.parallel.faulttolerant import ReplicaGroups
+from ddpkit.parallel.ftmembers import Members
 from ddpkit.parallel.replicabatches import ReplicaBatches
 
 BATCHES = 10  # 40 samples in batches of 4
@@ -68,7 +69,8 @@ def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, Replic
     model = torch.nn.Linear(2, 1)
     groups = object.__new__(ReplicaGroups)  # its torchft parts replaced by the fake
     groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
-    groups._last_step, groups._size, groups._dealer = 0, 0, None
+    groups._last_step, groups._dealer = 0, None
+    groups.members = Members(index, torch.device("cpu"))
     groups.rank, groups.size, groups._started = 0, 1, True
     groups.timeout_s, groups.retries, groups.lighthouse = 1.0, 0, "http://h:1"
     groups.transport = type("Transport", (), {"last_heal": None})()
