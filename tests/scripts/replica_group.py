@@ -1,13 +1,14 @@
 """One replica group of a fault-tolerant job (FaultTolerantStrategy), as ``ddpkit run``
 starts it: ``DDPKIT_FT_GROUP`` names the group, ``TORCHFT_LIGHTHOUSE`` the lighthouse.
 
-``python replica_group.py OUT EPOCHS [trainer|patient]``: trains a small model with TrainLoop on 48
-samples in batches of 4, dealt among the groups alive at each step (ReplicaBatches), with a
-pause a step so that a test can kill it mid-run; prints ``step N`` after each step, and
-writes the final weights to OUT and the batches each committed step trained (the ledger's
-record) to OUT.json.
+``python replica_group.py OUT EPOCHS [trainer|patient|resumable]``: trains a small model
+with TrainLoop on 48 samples in batches of 4, dealt among the groups alive at each step
+(ReplicaBatches), with a pause a step so that a test can kill it mid-run; prints ``step N``
+after each step, and writes the final weights to OUT and the batches each committed step
+trained (the ledger's record) to OUT.json.
 With ``trainer``: the same through ``Trainer.fit``, without the pause; with ``patient``: an
-exchange or quorum may take 30 s, not 10.
+exchange or quorum may take 30 s, not 10; with ``resumable``: a checkpoint every 5 steps in
+OUT.ckpt, resumed from when started again.
 """
 
 import json
@@ -48,7 +49,10 @@ def main() -> None:
         trainer.fit(batches, epochs=epochs)
         trained_epochs = trainer.epoch
     else:
-        loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+        resumable = sys.argv[3:] == ["resumable"]  # checkpoints every 5 steps, and resumes
+        state = {"model": model, "optimizer": opt, "batches": batches}
+        loop = ddpkit.TrainLoop(state, out + ".ckpt" if resumable else None,
+                                save_every_steps=5 if resumable else None)  # fmt: skip
         for _ in loop.epochs(epochs):
             for x, y in loop.batches(batches):
                 loop.backward(F.cross_entropy(model(x), y))

@@ -68,6 +68,7 @@ class Strategy(ABC):
     replicas_identical: bool = True  # False: ranks hold different shards
     checkpoint_kind: CheckpointKind = "whole"
     uneven_batches: UnevenBatches = "free"
+    across_groups: bool = False  # True: averages across replica groups each step (experimental)
 
     @abstractmethod
     def wrap(self, model: nn.Module, world: World) -> nn.Module:

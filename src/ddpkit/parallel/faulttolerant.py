@@ -48,6 +48,8 @@ INSTALL = "pip install 'ddpkit[ft]' (torchft)"
 class Restorable(Protocol):
     """What a group hands a healing peer: the run's whole state (ddpkit's RunState)."""
 
+    step: int  # optimizer steps taken (after a resume: the checkpoint's)
+
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -85,6 +87,7 @@ class FaultTolerantStrategy(DDPStrategy):
         'join'
     """
 
+    across_groups = True  # the loop refuses what one group cannot do alone
     group: str | None = None
     lighthouse: str | None = None
     min_groups: int = 1
@@ -156,7 +159,9 @@ class ReplicaGroups:
         lighthouse = strategy.lighthouse or os.environ.get(LIGHTHOUSE_ENV)
         if not lighthouse:
             raise ConfigError(f"FaultTolerantStrategy needs the lighthouse's address: "
-                              f"lighthouse='http://HOST:PORT', or {LIGHTHOUSE_ENV}")  # fmt: skip
+                              f"lighthouse='http://HOST:PORT', or {LIGHTHOUSE_ENV} (ddpkit "
+                              "lighthouse starts one; ddpkit verify starts its own with "
+                              "--replica-groups G)")  # fmt: skip
         self.group, self.lighthouse = strategy._group(), lighthouse
         self.rank, self.size = world.rank, world.world_size  # within the group
         self.timeout_s, self.retries = strategy.timeout_s, strategy.quorum_retries
@@ -181,16 +186,19 @@ class ReplicaGroups:
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
         self._open = False  # a quorum asked for and not voted on yet
+        self.votes = 0  # steps voted on so far (a dealer checks one batch a step)
         self.members = Members(int(self.group), world.device)
         self._started = False  # whether the groups' start was checked
         self._last_step = 0
         self._dealer: Dealer | None = None
+        self._run: Restorable | None = None
         logger.info(f"replica group {self.group}: fault-tolerant across groups (experimental), "
                     f"lighthouse {lighthouse}")  # fmt: skip
 
     def attach(self, run: Restorable) -> None:
         """A peer that heals from this group receives ``run`` whole (before any quorum)."""
         self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
+        self._run = run
 
     def deal_with(self, dealer: Dealer) -> None:
         """Batches dealt by ``dealer`` (its state healed too; idle: zero gradients)."""
@@ -201,8 +209,17 @@ class ReplicaGroups:
     def start(self) -> None:
         """Before a step's batch or backward: ask for this step's quorum (once a step)."""
         if not self._open:
+            if not self.votes:
+                self._resume_step()
             self.manager.start_quorum()
             self._open = True
+
+    def _resume_step(self) -> None:
+        """Before the first quorum of a run resumed from its checkpoint: torchft's step is
+        the checkpoint's, so that a group resumed from an older one (or started anew) heals
+        from the most advanced instead of all starting again at step 0."""
+        if self._run is not None and self._run.step and not self.manager.current_step():
+            self.manager.load_state_dict({"step": self._run.step, "batches_committed": 0})
 
     def position(self) -> int | None:
         """This group's place in this step's quorum (None: healing, it only receives)."""
@@ -235,7 +252,7 @@ class ReplicaGroups:
         for work in works:
             work.wait()  # torchft divides by the participants here
         commit = bool(self.manager.should_commit())
-        self._open = False
+        self._open, self.votes = False, self.votes + 1
         participants = self.manager.num_participants()
         if commit and self._dealer is not None:
             self._dealer.committed(participants)

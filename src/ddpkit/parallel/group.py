@@ -76,6 +76,11 @@ class GroupStrategy(Strategy):
                 "several FSDP models in one Trainer are not supported yet; use "
                 "strategy='ddp' for them, or train one sharded model per Trainer"
             )
+        if member.across_groups:  # its hooks take one model's gradients
+            raise ConfigError(
+                "FaultTolerantStrategy (experimental) trains one model per Trainer or "
+                "TrainLoop for now; wrap the models in one nn.Module, or use strategy='ddp'"
+            )
         self.member = member
         self.name = member.name
         self.replicas_identical = member.replicas_identical

@@ -53,6 +53,8 @@ class ReplicaBatches:
         for x, y in loop.batches(ReplicaBatches(model, data, batch_size=8, seed=0)): ...
     """
 
+    ranks_in_step = True  # one cursor for all: every rank ends the epoch at the same step
+
     def __init__(
         self, model: nn.Module, dataset: Any, batch_size: int, *, shuffle: bool = True,
         seed: int = 0,
@@ -70,9 +72,8 @@ class ReplicaBatches:
         self.dealt: list[int] = []
         self._mine: list[int] = []  # this rank's slices at this step; none: a filler
         self._ordered: tuple[int, torch.Tensor] = (-1, torch.empty(0))
+        self._voted_at = -1  # the groups' vote count when the latest batch was dealt
         self.groups.deal_with(self)
-
-    ranks_in_step = True  # one cursor for all: every rank ends the epoch at the same step
 
     def set_epoch(self, epoch: int) -> None:
         """The loop says which epoch starts (after a resume from a checkpoint, a later one)."""
@@ -92,7 +93,7 @@ class ReplicaBatches:
 
     @property
     def idle(self) -> bool:
-        """Whether this rank has no slice of its own at this step (its gradient is zeroed)."""
+        """Whether this rank has no slice of its own at this step (its loss is weighed 0)."""
         return not self._mine
 
     def __iter__(self) -> Iterator[Any]:
@@ -101,6 +102,13 @@ class ReplicaBatches:
             if self.cursor >= self.slices:  # the same cursor everywhere: all end here
                 self.epoch, self.cursor = self.epoch + 1, 0
                 return
+            if self._voted_at == self.groups.votes:
+                raise ConfigError(
+                    "ReplicaBatches deals one batch a step, and a second came before the "
+                    "step's vote: train with accumulate=1 (each micro-batch would get the "
+                    "same batch)"
+                )
+            self._voted_at = self.groups.votes
             self._mine = self._slices_at(self.groups.position())
             yield self._batch(self._mine or [self.cursor])
 

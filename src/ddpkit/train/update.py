@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from ddpkit._core.log import logger
-from ddpkit.errors import NonFiniteLossError
+from ddpkit.errors import ConfigError, NonFiniteLossError
 from ddpkit.train.guard import StepGuard
 from ddpkit.train.options import LoopOptions, SchedulerInterval
 from ddpkit.train.precision import MixedPrecision
@@ -58,6 +58,11 @@ class Updater:
         self.final, self.group = True, 1  # this micro-batch ends its group of ``group``
         self.stepped = False  # an optimizer step was made in the group in progress
         self._stop: str | None = None  # a stop signal any rank got, agreed in this group
+        if guard.policy == "skip" and run.strategy.across_groups:
+            raise ConfigError(
+                "nonfinite_loss='skip' is not supported with FaultTolerantStrategy yet (a "
+                "replica group would skip a step the others take); use nonfinite_loss='error'"
+            )
         run.strategy.attach(run.model, run)
 
     def begin(self, index: int, total: int | None, last: bool) -> None:

@@ -171,3 +171,33 @@ def test_verify_finds_replica_groups_compute_what_one_process_computes(workers: 
     assert f"PASS: 2 replica groups of {workers} worker" in done.stdout
     assert re.search(r"data +142 samples trained on, identical", done.stdout), done.stdout
     assert "2 replica groups ended with identical weights" in done.stdout
+
+
+def test_losing_every_group_resumes_from_the_checkpoints_not_from_step_0(tmp_path: Path) -> None:
+    """Both groups killed with -9 mid-run, group 1's newest checkpoint lost, both started
+    again: each resumes from its last checkpoint (every 5 steps, mid-epoch included), group
+    1 heals from group 0, which is ahead, and both train on together and end identical."""
+    server, address = start_lighthouse()
+    try:
+        groups = [Group(g, address, tmp_path, "resumable") for g in (0, 1)]
+        wait_until(lambda: all(len(g.steps()) >= 20 for g in groups), 120, "both training")
+        for group in groups:
+            kill_9(group.process, workers_of(group.process.pid))
+        at_kill = max(max(g.steps()) for g in groups)
+        newest = sorted(Path(f"{groups[1].out}.ckpt").glob("epoch_*.pt"))[-1]
+        newest.unlink()  # group 1 resumes from an older checkpoint than group 0's
+        again = [Group(g, address, tmp_path, "resumable") for g in (0, 1)]
+        for group in again:
+            assert group.process.wait(timeout=180) == 0, group.text()[-3000:]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    firsts = [group.steps()[0] for group in again]
+    assert all(at_kill - 10 < first <= at_kill + 1 for first in firsts), (firsts, at_kill)
+    assert "healed at step" in again[1].text(), again[1].text()[-3000:]
+    final = [torch.load(g.out, weights_only=True) for g in again]
+    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
+    records = [json.loads(Path(f"{g.out}.json").read_text())["record"] for g in again]
+    for epoch in range(records[0][0][0] + 1, EPOCHS):  # the whole epochs since the resume
+        seen = [[b for e, batches in record if e == epoch for b in batches] for record in records]
+        assert all(sorted(s) == list(range(BATCHES)) for s in seen), (epoch, seen)

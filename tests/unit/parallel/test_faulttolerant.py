@@ -4,10 +4,12 @@ group and the lighthouse it needs, DDP's options passed on alone."""
 from __future__ import annotations
 
 import sys
+from unittest.mock import patch
 
 import pytest
 import torch
 
+import ddpkit
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
 
@@ -102,3 +104,23 @@ def test_a_quorum_that_never_comes_names_the_lighthouse_and_the_retries() -> Non
     said = r"replica group 1: no quorum at the lighthouse http://10.0.0.1:29510 within 10 s, 3"
     with pytest.raises(RendezvousError, match=said):
         groups.position()
+
+
+def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
+    """Skipping a NaN step (the other groups would take it), and a group of models (the
+    hooks take one model's gradients)."""
+    from ddpkit.parallel.group import GroupStrategy, ModelGroup
+
+    models = ModelGroup({"a": torch.nn.Linear(1, 1), "b": torch.nn.Linear(1, 1)})
+    faulttolerant = patch("ddpkit.parallel.group.strategy_of", lambda m: FaultTolerantStrategy())
+    with faulttolerant, pytest.raises(ConfigError, match="one model per Trainer"):
+        GroupStrategy(models)
+    model = torch.nn.Linear(1, 1)
+    model.ddpkit_strategy = FaultTolerantStrategy(group="0")  # as prepare_model marks it
+    ddpkit.init()
+    try:
+        with pytest.raises(ConfigError, match="nonfinite_loss='skip' is not supported"):
+            ddpkit.TrainLoop({"model": model, "optimizer": torch.optim.SGD(
+                model.parameters(), lr=0.1)}, nonfinite_loss="skip")  # fmt: skip
+    finally:
+        ddpkit.shutdown()

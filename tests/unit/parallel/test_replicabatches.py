@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 from unittest.mock import patch
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 import ddpkit
+from ddpkit.errors import ConfigError
 from ddpkit.parallel.faulttolerant import ReplicaGroups
 from ddpkit.parallel.ftmembers import Members
 from ddpkit.parallel.replicabatches import ReplicaBatches
@@ -71,7 +73,8 @@ def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, Replic
     groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
     groups._last_step, groups._dealer = 0, None
     groups.members = Members(index, torch.device("cpu"))
-    groups.rank, groups.size, groups._started = 0, 1, True
+    groups.rank, groups.size, groups._started, groups.votes = 0, 1, True, 0
+    groups._run = None
     groups.timeout_s, groups.retries, groups.lighthouse = 1.0, 0, "http://h:1"
     groups.transport = type("Transport", (), {"last_heal": None})()
     model.ddpkit_replicas = groups  # type: ignore[assignment]
@@ -143,7 +146,7 @@ class Groups:
     and the group's position in the quorum."""
 
     def __init__(self, rank: int, size: int, position: int) -> None:
-        self.rank, self.size, self._position = rank, size, position
+        self.rank, self.size, self._position, self.votes = rank, size, position, 0
 
     def deal_with(self, dealer: Any) -> None: ...
 
@@ -173,3 +176,12 @@ def test_verifys_reference_reads_what_every_rank_of_every_group_reads(monkeypatc
         assert first_batch(Groups(0, 1, 0)) == list(range(16))
     finally:
         ddpkit.shutdown()
+
+
+def test_a_second_batch_before_the_steps_vote_is_refused_accumulation_would_repeat_it() -> None:
+    batches, _, _ = group(Job(), 0)
+    batches.groups.manager.job.members = [0]
+    iterator = iter(batches)
+    next(iterator)
+    with pytest.raises(ConfigError, match="accumulate=1"):
+        next(iterator)
