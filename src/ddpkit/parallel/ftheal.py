@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -71,8 +72,13 @@ class HealTransport(HTTPTransport):  # type: ignore[misc]  # torchft's, untyped
 
     @classmethod
     def _load_from_address(cls, address: str, timeout: timedelta) -> object:
-        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as stream:
-            return _streaming_load(stream, weights_only=True)  # never unpickle a peer's data
+        with (
+            urllib.request.urlopen(address, timeout=timeout.total_seconds()) as stream,
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", "The given buffer is not writable")
+            state = _streaming_load(stream, weights_only=True)  # never unpickle a peer's data
+        return _owned(state)
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         start = time.perf_counter()
@@ -82,6 +88,18 @@ class HealTransport(HTTPTransport):  # type: ignore[misc]  # torchft's, untyped
         seconds = time.perf_counter() - start
         self.last_heal = Heal(src_rank, peer, local, interface, tensor_bytes(state), seconds)
         return state
+
+
+def _owned(state: Any) -> Any:
+    """The state with every tensor copied into memory of its own: streamed tensors share
+    the received bytes, which are read-only, and an optimizer steps its state in place."""
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        return {key: _owned(value) for key, value in state.items()}
+    if isinstance(state, list | tuple):
+        return type(state)(_owned(value) for value in state)
+    return state
 
 
 def tensor_bytes(state: Any) -> int:

@@ -3,6 +3,7 @@ group and the lighthouse it needs, DDP's options passed on alone."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from unittest.mock import patch
 
@@ -124,3 +125,38 @@ def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
                 model.parameters(), lr=0.1)}, nonfinite_loss="skip")  # fmt: skip
     finally:
         ddpkit.shutdown()
+
+
+class Payload:
+    """An object a peer must not be able to make a healing group unpickle."""
+
+
+def served(state: object) -> object:
+    """What ``urlopen`` gives for a peer's checkpoint server streaming ``state``."""
+    import io
+
+    from torch.distributed._serialization import _streaming_save
+
+    stream = io.BytesIO()
+    _streaming_save(state, stream)
+    stream.seek(0)
+    return contextlib.nullcontext(stream)
+
+
+def test_a_peers_state_is_loaded_weights_only_into_tensors_of_its_own(monkeypatch) -> None:
+    pytest.importorskip("torchft")
+    import pickle
+    from datetime import timedelta
+
+    from ddpkit.parallel.ftheal import HealTransport
+
+    def load(state: object) -> object:
+        monkeypatch.setattr("urllib.request.urlopen", lambda address, timeout: served(state))
+        return HealTransport._load_from_address("http://peer:1/full", timedelta(seconds=5))
+
+    state = load({"w": torch.ones(3), "opt": [torch.zeros(2), 7]})
+    # An optimizer steps its state in place: memory of its own, not the received bytes'.
+    assert all(t.untyped_storage().resizable() for t in (state["w"], state["opt"][0]))
+    assert state["w"].tolist() == [1.0, 1.0, 1.0] and state["opt"][1] == 7
+    with pytest.raises(pickle.UnpicklingError, match=r"Unsupported global.*Payload"):
+        load({"w": torch.ones(1), "payload": Payload()})
