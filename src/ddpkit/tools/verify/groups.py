@@ -10,7 +10,9 @@ every group must end with the same weights, and the samples are those all groups
 
 Example::
 
-    run_replica_groups(config, Path("/tmp/v/groups"))   # a RunResult, as run_side's
+    with lighthouse(2) as address:   # as ddpkit.tools.verify.runner.run_fault_tolerant does
+        run_all(lambda g: run_side(config, out / f"group{g}", 1,
+                                   extra_env=group_env(g, address)), 2)
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def group_env(group: int | str, address: dict[str, str]) -> dict[str, str]:
     """A replica group's environment: its name and the lighthouse.
 
     Example:
-        >>> group_env(1, {"TORCHFT_LIGHTHOUSE": "http://h:1"})["DDPKIT_FT_GROUP"]
+        >>> group_env(1, {"TORCHFT_LIGHTHOUSE": "http://h:1"})[FT_GROUP_ENV]
         '1'
     """
     return {FT_GROUP_ENV: str(group), **address}
@@ -90,10 +92,10 @@ def merged_record(records: list[dict[str, Any]], finals: list[dict[str, torch.Te
     samples: dict[str, Any] = {}
     for record in records:
         samples.update(record["samples"])
-    differ = [g for g, final in enumerate(finals) if not _identical(final, finals[0])]
-    tensors = sorted({name for g in differ for name in finals[0]
-                      if not torch.equal(finals[g][name], finals[0][name])})  # fmt: skip
-    groups = {"count": len(records), "differ": differ, "tensors": tensors}
+    unequal = [[name for name, tensor in finals[0].items() if not torch.equal(final[name], tensor)]
+               for final in finals]  # fmt: skip
+    differ = [group for group, names in enumerate(unequal) if names]
+    groups = {"count": len(records), "differ": differ, "tensors": sorted(set().union(*unequal))}
     return {**first, "setup": setup, "samples": samples, "groups": groups}
 
 
@@ -113,7 +115,3 @@ def groups_finding(record: dict[str, Any]) -> Finding:
     return Finding("groups", False, f"replica group(s) {which} ended with other weights than "
                                     f"group 0 in {shown}: the groups did not average "
                                     "their gradients alike")  # fmt: skip
-
-
-def _identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
