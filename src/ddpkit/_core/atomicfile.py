@@ -19,15 +19,18 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def atomic_write(final: Path, write: Callable[[IO[bytes]], Any]) -> None:
+def atomic_write(final: Path, write: Callable[[IO[bytes]], Any], make_folder: bool = True) -> None:
     """Write ``final`` through ``write(handle)`` so it is either complete or not there.
+    ``make_folder=False``: a missing folder is an error (``FileNotFoundError``) rather than
+    made, for a file whose folder belongs to someone else and may have been removed.
 
     Example:
         >>> target = Path(tempfile.mkdtemp()) / "notes.bin"
         >>> atomic_write(target, lambda handle: handle.write(b"ok")); target.read_bytes()
         b'ok'
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
+    if make_folder:
+        final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -156,9 +156,12 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
     # worker stopped between creating and filling it (the agent's SIGTERM lands in the
     # middle, the stop handler exits at once) left it empty: torch's agent died parsing it.
     # (A temporary of its own per write: the watchdog's thread writes here too.)
+    # The folder is the launcher's: once it is gone (a launcher killed with -9, its folder
+    # swept by the next launch) there is no one to read the record, and making the folder
+    # again would leave it behind for good.
     text = json.dumps(record).encode()
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
-        atomic_write(Path(path), lambda out: out.write(text))
+        atomic_write(Path(path), lambda out: out.write(text), make_folder=False)
 
 
 def failure_recorded() -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 PREFIX = "ddpkit-launch-"
 OWNER = "owner"  # the file a live launcher holds locked
+SWEPT = ".swept"  # a dead launcher's folder being removed (by a sweep that may have been killed)
 # A folder without an owner file is being made right now, or was left by a ddpkit before
 # owner files: only the latter is this old.
 UNOWNED_AFTER_S = 24 * 3600
@@ -56,10 +57,24 @@ def sweep_dead_launchers(root: str | None = None) -> list[str]:
     """
     removed = []
     for folder in Path(root or tempfile.gettempdir()).glob(PREFIX + "*"):
-        if folder.is_dir() and _owner_is_gone(folder):
-            shutil.rmtree(folder, ignore_errors=True)
+        if not folder.is_dir():
+            continue
+        if folder.name.endswith(SWEPT) or _owner_is_gone(folder):
+            _remove(folder)
             removed.append(str(folder))
     return removed
+
+
+def _remove(folder: Path) -> None:
+    """Rename, then remove: a dead launcher's workers may still be ending and write their
+    error files by path, and under the new name they find nothing to write into (rather
+    than a half-removed folder that ``rmtree`` would then fail to finish)."""
+    swept = folder if folder.name.endswith(SWEPT) else folder.with_name(folder.name + SWEPT)
+    try:
+        folder.rename(swept)
+    except OSError:  # another launch is sweeping it right now
+        return
+    shutil.rmtree(swept, ignore_errors=True)
 
 
 def _owner_is_gone(folder: Path) -> bool:

@@ -45,4 +45,5 @@ def test_the_next_launch_removes_the_folder_a_killed_launcher_left(tmp_path: Pat
     assert len(left) == 1  # it could not remove it
     quick = launch(tmp_path / "quick.py", tmp)
     assert quick.wait(timeout=90) == 0, quick.stderr.read() if quick.stderr else ""
-    assert scratch_folders(tmp) == [], "the dead launcher's folder is still there"
+    left = scratch_folders(tmp)
+    assert left == [], f"still there: {[str(p) for f in left for p in f.rglob('*')]}"

@@ -8,7 +8,10 @@ import os
 import time
 from pathlib import Path
 
-from ddpkit.launch.scratch import OWNER, PREFIX, UNOWNED_AFTER_S, sweep_dead_launchers
+import pytest
+
+from ddpkit._core.protocol import ERROR_FILE_ENV, error_record, write_error_file
+from ddpkit.launch.scratch import OWNER, PREFIX, SWEPT, UNOWNED_AFTER_S, sweep_dead_launchers
 
 
 def scratch(root: Path, name: str, owned: bool = True) -> Path:
@@ -47,3 +50,25 @@ def test_other_folders_in_the_temporary_directory_are_left_alone(tmp_path: Path)
     (tmp_path / f"{PREFIX}a-file").write_text("not a folder")
     assert sweep_dead_launchers(str(tmp_path)) == []
     assert other.exists()
+
+
+def test_a_dead_launchers_worker_ending_after_the_sweep_does_not_bring_its_folder_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker of a launcher killed with -9 gets SIGTERM and records it in its error
+    file, in the launcher's folder; on a busy machine that can come after the next launch
+    swept the folder, which the write then made again, left behind for good (seen in CI)."""
+    folder = scratch(tmp_path, "killed")
+    error_file = folder / "attempt_0" / "0" / "error.json"  # torch's layout
+    error_file.parent.mkdir(parents=True)
+    monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
+    assert sweep_dead_launchers(str(tmp_path)) == [str(folder)]
+    write_error_file(error_record("stopped by SIGTERM", "the launcher is gone"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_a_killed_sweep_was_removing_is_removed_by_the_next(tmp_path: Path) -> None:
+    half_removed = tmp_path / f"{PREFIX}abc{SWEPT}"  # renamed; its owner file already gone
+    (half_removed / "attempt_0").mkdir(parents=True)
+    assert sweep_dead_launchers(str(tmp_path)) == [str(half_removed)]
+    assert list(tmp_path.iterdir()) == []
