@@ -37,6 +37,7 @@ from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.ddp import DDPStrategy
 from ddpkit.parallel.ftmembers import Members
+from ddpkit.parallel.ftquorum import install as install_quorum_numbers
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -185,6 +186,9 @@ class ReplicaGroups:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
+        install_quorum_numbers(
+            self.manager
+        )  # quorum numbers that a restarted lighthouse does not reuse
         self._open = False  # a quorum asked for and not voted on yet
         self.votes = 0  # steps voted on so far (a dealer checks one batch a step)
         self.members = Members(int(self.group), world.device)

@@ -1,0 +1,88 @@
+"""**Experimental.** torchft's quorum numbers made unique across a lighthouse's restarts.
+
+torchft (0.2) names each quorum's process group by the lighthouse's quorum number: the
+groups meet in their store under ``torchft/<number>/`` and a group builds a new process
+group only when the number changes. A restarted lighthouse counts again from the start, so
+after an outage a number comes back: a group that was already at that number keeps its old
+process group while the others build a new one, or they read the addresses an earlier
+quorum left under that prefix and connect to ports nobody listens on any more (seen in CI:
+``Connection refused``, then the surviving group stuck in gloo's connect until its timeout).
+
+:class:`QuorumNumbers` stands between torchft's manager and its client and renumbers each
+quorum by what every member of it knows alike: the lighthouse's number, its members and
+the step it was formed at. A quorum that goes on keeps its number; a new one, after a
+restart too, gets a number no earlier quorum had.
+
+Example:
+    >>> numbers = QuorumNumbers(client=None)
+    >>> first = numbers.renumber(1, ["g0:a", "g1:b"], step=3)
+    >>> numbers.renumber(1, ["g1:b", "g0:a"], step=9) == first    # the same quorum, on
+    True
+    >>> numbers.renumber(1, ["g0:a"], step=12) == first            # a new one, same number
+    False
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ddpkit._core.log import logger
+
+
+class QuorumNumbers:
+    """torchft's manager client, each call passed through, each quorum renumbered.
+
+    Example::
+
+        manager._client = QuorumNumbers(manager._client)   # see install()
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._last: tuple[int, tuple[str, ...]] | None = None
+        self._number = 0
+
+    def __getattr__(self, name: str) -> Any:  # everything but the quorum, as torchft's
+        return getattr(self._client, name)
+
+    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
+        quorum = self._client._quorum(*args, **kwargs)
+        number = self.renumber(quorum.quorum_id, quorum.replica_ids, quorum.max_step)
+        return _Renumbered(quorum, number)
+
+    def renumber(self, lighthouse_number: int, members: list[str], step: int) -> int:
+        """The number for a quorum the lighthouse numbered ``lighthouse_number``; members
+        and step are the same in every member's answer of the round that formed it."""
+        seen = (lighthouse_number, tuple(sorted(members)))
+        if seen != self._last:
+            text = f"{lighthouse_number} {step} {' '.join(seen[1])}"
+            self._number = int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+            self._last = seen
+        return self._number
+
+
+class _Renumbered:
+    """A quorum answer with another number; every other field as torchft gave it."""
+
+    def __init__(self, quorum: Any, number: int) -> None:
+        self._quorum, self.quorum_id = quorum, number
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._quorum, name)
+
+
+def install(manager: Any) -> bool:
+    """Renumber ``manager``'s quorums; whether it could (a torchft whose manager has no
+    ``_client`` keeps its own numbers).
+
+    Example::
+
+        install(torchft.Manager(...))
+    """
+    client = getattr(manager, "_client", None)
+    if client is None or not hasattr(client, "_quorum"):
+        logger.debug("torchft's manager has no _client._quorum: quorum numbers left as they are")
+        return False
+    manager._client = QuorumNumbers(client)
+    return True
