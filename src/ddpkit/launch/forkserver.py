@@ -105,6 +105,28 @@ def restore_launch_environment(launch_env: Mapping[str, str]) -> None:
     os.environ.update(from_torch)
 
 
+# What torch writes into the environment the first time it uses it, as the server's imports
+# do: a fork would take the server's value for a choice of the user's.
+_WRITTEN_BY_TORCH = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
+def forget_what_the_server_wrote() -> list[str]:
+    """Drop the variables torch wrote into the server's environment and this worker took
+    over with the fork (unless the launch set them): torch's compile cache folder, named
+    after the server's temporary directory. ddpkit keeps a compiled run's kernels with its
+    checkpoints unless the user chose a cache folder, and took that one for a choice of the
+    user's. The names dropped.
+
+    Example::
+
+        forget_what_the_server_wrote()   # first thing in a forked worker
+    """
+    dropped = [n for n in _WRITTEN_BY_TORCH if n in os.environ and n not in _STARTING_ENV]
+    for name in dropped:
+        del os.environ[name]
+    return dropped
+
+
 def _set_for_this_rank(name: str, value: str) -> bool:
     per_rank = name in _PER_RANK or name.startswith(_PER_RANK_PREFIX)
     return per_rank or _STARTING_ENV.get(name) != value

@@ -45,7 +45,7 @@ from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
-from ddpkit.launch.forkserver import take_launcher_stdin
+from ddpkit.launch.forkserver import forget_what_the_server_wrote, take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
 
 
@@ -168,7 +168,8 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
     """What a fresh interpreter would have that a function worker does not: the platform's
     default start method for the script's own processes (DataLoader workers, pools; Python
     set this worker's to the launcher's spawn or forkserver), torch's thread count from this
-    launch's ``OMP_NUM_THREADS`` (a warm server's torch read the server's at import), and
+    launch's ``OMP_NUM_THREADS`` (a warm server's torch read the server's at import), no
+    variable torch wrote into the server's environment (its compile cache folder), and
     NumPy's global generator seeded anew (else every forked rank draws the same).
 
     Example::
@@ -176,6 +177,7 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
         fresh_process_state()   # first thing in a function worker
     """
     multiprocessing.set_start_method(None, force=True)
+    forget_what_the_server_wrote()
     threads = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "")
     if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(int(threads))

@@ -26,8 +26,10 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -92,6 +94,70 @@ def keep_with_run(
     atomic_write(folder / FINGERPRINT_FILE, lambda out: out.write(facts))
     env[CACHE_ENV] = str(folder.resolve())
     return folder
+
+
+HEADERS = "precompiled_headers"  # inductor's C++ precompiled headers, kept with the run
+_headers_used: list[str] = []  # what this process's compiles used, to keep after its first step
+
+
+def keep_headers_with(folder: Path) -> bool:
+    """Have inductor's C++ precompiled headers travel with the run in ``folder``; whether
+    torch could be asked to.
+
+    torch builds a header (about 150 MB, 4 s on 2 CPU cores) in the machine's ``/tmp``
+    whatever ``TORCHINDUCTOR_CACHE_DIR`` says, and needs it before loading even kernels it
+    finds in the cache: on a new node a restart rebuilt it, most of what the restart then
+    spent on compiling. A resume takes the run's headers (torch names each by the compiler
+    and its flags, so another compiler builds its own beside them); a new run uses the
+    machine's and keeps those it used (:func:`keep_used_headers`).
+
+    Example::
+
+        keep_headers_with(keep_with_run(Path("runs/gpt"), world.device))
+    """
+    from torch._inductor import codecache
+
+    if not hasattr(codecache, "_HEADER_DIR") or not hasattr(codecache, "_precompile_header"):
+        return False  # a torch that keeps them otherwise
+    kept = folder / HEADERS
+    if kept.is_dir():
+        codecache._HEADER_DIR = str(kept)
+        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+    elif not hasattr(codecache._precompile_header, "ddpkit_records"):
+        build = codecache._precompile_header
+
+        def recorded(*args: Any, **kwargs: Any) -> str:
+            path = build(*args, **kwargs)
+            _headers_used.append(path)
+            return path
+
+        recorded.ddpkit_records = True  # type: ignore[attr-defined]
+        codecache._precompile_header = recorded  # type: ignore[assignment]
+    return True
+
+
+def keep_used_headers(folder: Path) -> None:
+    """After the first step: the headers it used copied into ``folder``, whole or not at all
+    (another rank of the node may be copying them too; a half-copied header would fail the
+    compiler).
+
+    Example::
+
+        keep_used_headers(folder)   # once the first step compiled
+    """
+    kept = folder / HEADERS
+    if kept.exists() or not _headers_used:
+        return
+    partial = folder / f".{HEADERS}.{os.getpid()}"
+    try:
+        partial.mkdir()
+        for header in sorted(set(_headers_used)):
+            for file in (Path(header), Path(f"{header}.gch")):
+                if file.exists():
+                    shutil.copy2(file, partial / file.name)
+        partial.rename(kept)  # fails if another rank's copy got there first
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def _torch_default() -> str:

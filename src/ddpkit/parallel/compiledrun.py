@@ -40,6 +40,8 @@ from ddpkit.parallel.compilecache import (
     cache_counts,
     captured_graphs,
     compile_summary,
+    keep_headers_with,
+    keep_used_headers,
     keep_with_run,
 )
 
@@ -78,6 +80,8 @@ class CompiledRun:
         logger.info(compile_summary(time.perf_counter() - self.started))
         if captured_graphs() == 0:
             logger.warning(RAN_EAGERLY)
+        if self.store is None and self.folder is not None:
+            keep_used_headers(self.folder)
         if self.store is None or self.folder is None or rank != 0 or cache_counts()[1] == 0:
             return
         name = archive_name(self.folder)
@@ -105,6 +109,7 @@ def kernels_for_run(
     if local is not None:
         folder = keep_with_run(local, device)
         if folder is not None:
+            keep_headers_with(folder)  # (not for a store: 150 MB more in each archive)
             logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
         return CompiledRun(folder, None)
     return CompiledRun(_unpacked_from(store, device) if store else None, store)

@@ -4,12 +4,22 @@ fingerprint, unless the user chose a cache of their own (no compiling here)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from ddpkit.parallel.compilecache import CACHE_ENV, cache_folder, keep_with_run
+from ddpkit.parallel import compilecache
+from ddpkit.parallel.compilecache import (
+    CACHE_ENV,
+    HEADERS,
+    cache_folder,
+    keep_headers_with,
+    keep_used_headers,
+    keep_with_run,
+)
 from ddpkit.parallel.compiledrun import kernels_for_run
 
 CPU = torch.device("cpu")
@@ -39,3 +49,57 @@ def test_a_cache_the_user_chose_is_left_alone(tmp_path: Path) -> None:
 def test_an_eager_model_keeps_nothing(tmp_path: Path) -> None:
     assert kernels_for_run([torch.nn.Linear(2, 2)], tmp_path, None, CPU) is None
     assert not (tmp_path / "compile-cache").exists()
+
+
+@pytest.fixture
+def codecache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> object:
+    """inductor's codecache, its header folder the machine's (here: a folder of the test's),
+    put back afterwards; the header build a stand-in that writes a header and its .gch."""
+    from torch._inductor import codecache as module
+
+    machines = tmp_path / "tmp" / "precompiled_headers"
+    machines.mkdir(parents=True)
+    monkeypatch.setattr(module, "_HEADER_DIR", str(machines))
+    monkeypatch.setattr(module, "_HEADER_LOCK_DIR", str(machines / "locks"))
+
+    def build(header: str, command_line: str) -> str:
+        path = Path(module._HEADER_DIR) / f"{hash(command_line) & 0xFFFF:x}.h"
+        path.write_text(f"#include <{header}>\n")
+        Path(f"{path}.gch").write_bytes(b"\0" * 64)
+        return str(path)
+
+    monkeypatch.setattr(module, "_precompile_header", build)
+    monkeypatch.setattr(compilecache, "_headers_used", [])
+    return module
+
+
+def test_a_new_run_keeps_the_headers_its_first_step_used(codecache: Any, tmp_path: Path) -> None:
+    """torch rebuilt its precompiled header (150 MB, 4 s) before loading even cached kernels
+    on a new node; a restart there now finds the run's."""
+    run = tmp_path / "run"
+    run.mkdir()
+    assert keep_headers_with(run)
+    used = codecache._precompile_header("torch/csrc/inductor/cpp_prefix.h", "g++ -O3")
+    assert Path(used).parent == tmp_path / "tmp" / "precompiled_headers"  # the machine's
+    keep_used_headers(run)
+    kept = sorted(p.name for p in (run / HEADERS).iterdir())
+    assert kept == [Path(used).name, f"{Path(used).name}.gch"]
+    assert [p.name for p in run.iterdir()] == [HEADERS]  # no half-copied folder left
+    keep_headers_with(run)  # the resume, on a node whose /tmp is empty
+    assert Path(codecache._HEADER_DIR) == run / HEADERS
+
+
+def test_a_server_forks_workers_without_the_cache_folder_torch_wrote_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A warm server's torch wrote its /tmp cache folder into the server's environment;
+    workers forked from it took that for the user's choice and kept no kernels with the run."""
+    from ddpkit.launch import forkserver
+
+    monkeypatch.setattr(forkserver, "_STARTING_ENV", {"PATH": "/usr/bin"})
+    monkeypatch.setenv(CACHE_ENV, "/tmp/torchinductor_root")
+    assert forkserver.forget_what_the_server_wrote() == [CACHE_ENV]
+    assert CACHE_ENV not in os.environ
+    monkeypatch.setattr(forkserver, "_STARTING_ENV", {CACHE_ENV: "/data/mine"})
+    monkeypatch.setenv(CACHE_ENV, "/data/mine")  # the user's, set for the launch
+    assert forkserver.forget_what_the_server_wrote() == [] and os.environ[CACHE_ENV]
