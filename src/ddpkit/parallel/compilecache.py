@@ -122,7 +122,7 @@ def keep_headers_with(folder: Path) -> bool:
     kept = folder / HEADERS
     if kept.is_dir():
         codecache._HEADER_DIR = str(kept)
-        codecache._HEADER_LOCK_DIR = os.path.join(codecache._HEADER_DIR, "locks")
+        codecache._HEADER_LOCK_DIR = str(kept / "locks")
     elif not hasattr(codecache._precompile_header, "ddpkit_records"):
         build = codecache._precompile_header
 

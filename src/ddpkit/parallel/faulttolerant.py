@@ -186,9 +186,8 @@ class ReplicaGroups:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from None  # fmt: skip
-        install_quorum_numbers(
-            self.manager
-        )  # quorum numbers that a restarted lighthouse does not reuse
+        # quorum numbers that a restarted lighthouse does not give out again
+        install_quorum_numbers(self.manager)
         self._open = False  # a quorum asked for and not voted on yet
         self.votes = 0  # steps voted on so far (a dealer checks one batch a step)
         self.members = Members(int(self.group), world.device)
