@@ -13,6 +13,7 @@ that fails or hangs (60 s) is counted apart and said; torchrun's restart of this
 job did both here (its second attempt's gloo could not connect).
 
     .venv/bin/python benchmarks/restart_cost.py --repeat 5
+    .venv/bin/python benchmarks/restart_cost.py --repeat 5 --jobs "gpt first step"
 """
 
 from __future__ import annotations
@@ -68,18 +69,30 @@ def summary(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--jobs", default=",".join(JOBS), help="of: " + ", ".join(JOBS))
     args = parser.parse_args()
-    times: dict[tuple[str, str], list[float]] = {(la, job): [] for la in LAUNCHERS for job in JOBS}
+    jobs = [job for job in JOBS if job in args.jobs.split(",")]
+    times: dict[tuple[str, str], list[float]] = {(la, job): [] for la in LAUNCHERS for job in jobs}
     for _ in range(args.repeat):
         for (launcher, job), values in times.items():
             script, env = JOBS[job]
             values.append(time_once([*LAUNCHERS[launcher], script], env))
     for launcher in LAUNCHERS:
-        plain, restarted = times[(launcher, "plain")], times[(launcher, "restarted")]
-        cost = _median(restarted) - _median(plain)
-        print(f"{launcher:24s} plain {summary(plain)}; with a restart {summary(restarted)}; "
-              f"the restart costs {cost:.2f} s; examples/gpt.py's first step and exit "
-              f"{summary(times[(launcher, 'gpt first step')])}")  # fmt: skip
+        print(f"{launcher:24s} " + "; ".join(
+            f"{job} {summary(times[(launcher, job)])}" for job in jobs))  # fmt: skip
+    for job in jobs:
+        print(_ratios(times, job))
+    if {"plain", "restarted"} <= set(jobs):
+        for launcher in LAUNCHERS:
+            cost = _median(times[(launcher, "restarted")]) - _median(times[(launcher, "plain")])
+            print(f"{launcher:24s} one restart costs {cost:.2f} s")
+
+
+def _ratios(times: dict[tuple[str, str], list[float]], job: str) -> str:
+    """The job's median time under each launcher as a ratio to torchrun's, from this run."""
+    base = _median(times[("torchrun --standalone", job)])
+    shares = (f"{la} {_median(times[(la, job)]) / base:.3f}" for la in LAUNCHERS)
+    return f"{job}, ratio to torchrun: " + ", ".join(shares)
 
 
 def _median(values: list[float]) -> float:

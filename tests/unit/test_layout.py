@@ -51,6 +51,20 @@ def test_a_launch_over_ssh_reads_its_command_line_without_torch() -> None:
     assert "torch" not in loaded and "ddpkit.launch.quickparse" in loaded
 
 
+def test_a_warm_server_starts_before_the_launcher_imports_torch() -> None:
+    # Side by side on two cores: the server's import of torch and dynamo, and the launcher's.
+    probe = """
+import sys
+from ddpkit.launch import command
+torch_then = []
+command.start_warm_server = lambda env: torch_then.append("torch" in sys.modules)
+from ddpkit.cli import parse
+parse(["run", "--run-path", "--start-method", "forkserver", "--nproc", "2", "t.py"])
+print(torch_then)"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["[False,", "True]"]  # the early start, then parse()'s no-op
+
+
 @pytest.mark.parametrize("entry", ["ddpkit.init", "ddpkit.prepare_model"])
 def test_the_training_api_imports_no_diagnostics(entry: str) -> None:
     loaded = loaded_after(f"import ddpkit\n{entry}")

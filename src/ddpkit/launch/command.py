@@ -27,7 +27,7 @@ from ddpkit.launch.hosts import add_host_arguments, hosts_given, run_hosts
 from ddpkit.launch.lifeline import stop_at_end_of_input
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
-from ddpkit.launch.quickparse import parse_for_hosts
+from ddpkit.launch.quickparse import parse_without_torch
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
     check_supported,
@@ -123,6 +123,8 @@ def add_own_arguments(run: argparse.ArgumentParser) -> None:
 def parse_quickly(argv: Sequence[str]) -> argparse.Namespace | None:
     """``run``'s command line parsed without torch's parser where ddpkit can read it alone
     (``--hosts``: this machine runs no worker, :mod:`ddpkit.launch.quickparse`); else None.
+    A warm server (``--run-path --start-method forkserver``) is started here, so that it
+    imports torch while torch's parser does: on two cores the launcher's import is then free.
 
     Example:
         >>> parse_quickly(["--nproc", "2", "train.py"]) is None  # a launch here: torch's parser
@@ -130,10 +132,17 @@ def parse_quickly(argv: Sequence[str]) -> argparse.Namespace | None:
     """
     own = argparse.ArgumentParser(prog="ddpkit run", add_help=False, allow_abbrev=False)
     add_own_arguments(own)
-    args = parse_for_hosts(argv, own)
-    if args is not None:
+    args = parse_without_torch(argv, own)
+    if args is not None and hosts_given(args):
         args.argv = list(argv)
-    return args
+        return args
+    if args is not None and _warm(args) and str(args.nproc_per_node).isdigit():
+        start_warm_server({**_threads(args), **worker_settings(args)})  # gpu/auto: torch's
+    return None
+
+
+def _warm(args: argparse.Namespace) -> bool:
+    return bool(args.run_path) and args.start_method == "forkserver"
 
 
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
@@ -148,7 +157,7 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     """
     args = parser.parse_args(argv)
     args.argv = list(argv)  # --hosts passes it on to every host
-    if args.run_path and args.start_method == "forkserver":
+    if _warm(args):  # started already, unless the command line needed torch's parser
         start_warm_server({**_threads(args), **worker_settings(args)})
     if not hosts_given(args):  # --hosts starts ddpkit run on each host: no torch here
         importlib.import_module(LAUNCHER)

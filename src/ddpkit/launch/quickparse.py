@@ -1,10 +1,12 @@
-"""``ddpkit run --hosts`` read without importing torch: the machine that starts a job over
-ssh runs no worker, and torchrun's parser (``torch.distributed.run``) costs it an import of
-torch, 0.85 s of the start-up here.
+"""``ddpkit run``'s command line read without importing torch, where it can be: torchrun's
+parser (``torch.distributed.run``) costs an import of torch, 0.85 s of the start-up here.
+The machine that starts a job over ssh (``--hosts``) runs no worker and needs no torch at
+all; warm workers (``--run-path --start-method forkserver``) start their server before the
+launcher imports torch, so the two imports run side by side.
 
 The command line is split the way torchrun's parser splits it, from the flags the installed
 torch declares (read from its ``torch/distributed/run.py`` as text, not imported) and
-ddpkit's own; only the flags a launch over ssh reads are parsed here. Every host's
+ddpkit's own; only the flags a launch over ssh and a warm server read are parsed here. Every host's
 ``ddpkit run`` gets the command line as given and checks it whole, with torch's parser,
 before it starts anything. Anything this module does not recognise (an abbreviation, an
 unknown flag, a ``PET_*`` default in the environment, ``--help``) leaves the command line to
@@ -29,8 +31,9 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-# What a --hosts launch reads of torchrun's flags (hosts.py), with the values ddpkit's full
-# parser gives them when not given (torch's defaults; None where ddpkit unsets them).
+# What a --hosts launch (hosts.py) and a warm server read of torchrun's flags, with the
+# values ddpkit's full parser gives them when not given (torch's defaults; None where ddpkit
+# unsets them).
 _READ = {
     ("--nnodes",): ("nnodes", "1:1"),
     ("--nproc-per-node", "--nproc_per_node", "--nproc"): ("nproc_per_node", "1"),
@@ -40,6 +43,7 @@ _READ = {
     ("--rdzv-endpoint", "--rdzv_endpoint"): ("rdzv_endpoint", ""),
     ("--rdzv-backend", "--rdzv_backend"): ("rdzv_backend", None),
     ("--rdzv-id", "--rdzv_id"): ("rdzv_id", None),
+    ("--start-method", "--start_method"): ("start_method", "spawn"),
 }
 _READ_SWITCHES = {
     "--standalone": "standalone",
@@ -47,6 +51,8 @@ _READ_SWITCHES = {
     "--module": "module",
     "--no-python": "no_python",
     "--no_python": "no_python",
+    "--run-path": "run_path",
+    "--run_path": "run_path",
 }
 _HELP = frozenset({"-h", "--help"})
 
@@ -63,6 +69,26 @@ def parse_for_hosts(
 
         args = parse_for_hosts(sys.argv[2:], own_parser)   # None: parse it fully
     """
+    args = parse_without_torch(argv, own, environ)
+    if args is None or not (getattr(args, "hosts", None) or getattr(args, "hostfile", None)):
+        return None
+    return args
+
+
+def parse_without_torch(
+    argv: Sequence[str], own: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
+) -> argparse.Namespace | None:
+    """``argv`` read without torch: ddpkit's own flags (``own``) and the torchrun flags a
+    launch over ssh or a warm server reads; None when only the full parser can read it.
+    Nothing is checked beyond what those need: each launch's full parser checks it all.
+
+    Example:
+        >>> own = argparse.ArgumentParser(add_help=False)
+        >>> args = parse_without_torch(["--run-path", "--start-method=forkserver", "t.py"],
+        ...                            own, environ={})
+        >>> args.run_path, args.start_method, args.nproc_per_node
+        (True, 'forkserver', '1')
+    """
     env = os.environ if environ is None else environ
     flags = _flags(own)
     split = _split(argv, flags) if flags and not any(k.startswith("PET_") for k in env) else None
@@ -70,8 +96,6 @@ def parse_for_hosts(
         return None
     pairs, script = split
     args = own.parse_args([word for pair in pairs for word in pair if pair[0] in _owned(own)])
-    if not (getattr(args, "hosts", None) or getattr(args, "hostfile", None)):
-        return None
     _read_torchrun_flags(args, pairs)
     if not str(args.master_port or 0).isdigit():
         return None  # torch's parser says what is wrong with it

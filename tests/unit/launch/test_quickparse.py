@@ -1,5 +1,6 @@
 """``ddpkit run --hosts`` read without torch: the same split and values as torch's parser,
-and the full parser wherever the quick reading could differ."""
+and the full parser wherever the quick reading could differ; a warm server started from
+the quick reading, before torch is imported."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 
 import pytest
 
+from ddpkit._core.protocol import HANG_TIMEOUT_ENV
+from ddpkit._core.system import threads_per_worker
 from ddpkit.cli import command_parser
 from ddpkit.launch.command import parse_quickly
 from ddpkit.launch.quickparse import torchrun_flags
@@ -78,3 +81,31 @@ def test_a_bad_value_of_ddpkits_own_flag_is_refused_here(capsys) -> None:
     with pytest.raises(SystemExit) as stop:
         parse_quickly(["--hosts", "a,b", "--hang-timeout", "soon", "train.py"])
     assert stop.value.code == 2 and "--hang-timeout" in capsys.readouterr().err
+
+
+WARM = [
+    ["--run-path", "--start-method", "forkserver", "--nproc", "2", "--hang-timeout", "30", "t.py"],
+    ["--nproc_per_node=2", "--run_path", "--start_method=forkserver", "--hang-timeout=30", "t.py"],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv", WARM, ids=lambda line: " ".join(line)[:40])
+def test_warm_workers_start_their_server_from_the_quick_reading(argv, monkeypatch) -> None:
+    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr("ddpkit.launch.command.start_warm_server", started.append)
+    assert parse_quickly(argv) is None  # the launch itself is read by torch's parser
+    assert started == [{"OMP_NUM_THREADS": str(threads_per_worker(2)), HANG_TIMEOUT_ENV: "30.0"}]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--run-path", "--nproc", "2", "t.py"],  # spawn: no server
+    ["--start-method", "forkserver", "--nproc", "2", "t.py"],  # a fresh python per worker
+    ["--run-path", "--start-method", "forkserver", "--nproc", "gpu", "t.py"],  # needs torch
+    ["--run-path", "--start-method", "forkserver", "--max-rest", "1", "t.py"],  # abbreviated
+])  # fmt: skip
+def test_no_server_is_started_early_unless_the_line_asks_for_one_plainly(argv, monkeypatch):
+    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
+    started: list[dict[str, str]] = []
+    monkeypatch.setattr("ddpkit.launch.command.start_warm_server", started.append)
+    assert parse_quickly(argv) is None and started == []
