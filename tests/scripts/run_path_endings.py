@@ -1,11 +1,15 @@
 """Each way a script can end, run by ``ddpkit run --run-path [--start-method M]``: MODE is
 
 - ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
+  ``os_exit0_thread``: a success too, ``os._exit(0)`` called by a thread while the main
+  thread sleeps (it says so if it ever wakes: the process should have ended);
 - ``sys_exit3``, ``raise``: a failure on rank 1;
 - ``state``: each rank prints what a fresh interpreter would have (``state rank=...``);
 - ``dataloader``: two DataLoader worker processes (forked by the script) read a dataset;
 - ``exit_handlers``: a non-daemon thread, a thread pool left open and an ``atexit`` handler,
   each printing when it runs; ``stdin``: rank 0 prints the line it reads from stdin;
+- ``child_stop REPORT``: rank 0 starts a child process that writes to REPORT when it
+  starts and when a signal stops it; rank 1 then fails, and torch's agent stops rank 0;
 - ``cuda``: whether CUDA was initialised before the script (never, by a warm server), then
   an all-reduce on the GPU (the GPU tier).
 
@@ -16,6 +20,7 @@ import atexit
 import concurrent.futures
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -60,6 +65,14 @@ def main() -> None:
     if MODE == "os_exit0":
         print(f"rank {world.rank} leaving by os._exit(0)", flush=True)
         os._exit(0)
+    if MODE == "os_exit0_thread":
+        leaving = threading.Thread(target=os._exit, args=(0,), name="leaver")
+        print(f"rank {world.rank} leaving by os._exit(0) on a thread", flush=True)
+        leaving.start()
+        time.sleep(20)
+        print(f"rank {world.rank}: the main thread woke; os._exit(0) ended nothing", flush=True)
+    if MODE == "child_stop":
+        start_a_child_then_fail(world.rank, sys.argv[2])
     if MODE == "sys_exit3" and world.rank == 1:
         sys.exit(3)
     if MODE == "raise" and world.rank == 1:
@@ -74,6 +87,32 @@ def main() -> None:
                 loop.backward(model(x).sum())
                 loop.optimizer_step()
         print("after the loop: never", flush=True)
+
+
+CHILD = """
+import signal, sys, time
+def stopped(signum, frame):
+    with open(sys.argv[1], "a") as report:
+        report.write(f"child stopped by {signal.Signals(signum).name}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+signal.signal(signal.SIGINT, stopped)
+with open(sys.argv[1], "a") as report:
+    report.write("child started\\n")
+time.sleep(60)
+"""
+
+
+def start_a_child_then_fail(rank: int, report: str) -> None:
+    """Rank 0 starts a child (its handlers set before the peers go on); rank 1 fails."""
+    if rank == 0:
+        subprocess.Popen([sys.executable, "-c", CHILD, report])
+        while not (os.path.exists(report) and os.path.getsize(report)):
+            time.sleep(0.05)
+    dist.barrier()
+    if rank == 1:
+        raise ValueError("rank 1 fails, and torch's agent stops rank 0")
+    time.sleep(60)
 
 
 def leave_work_behind(rank: int) -> None:

@@ -47,6 +47,7 @@ from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.launch.forkserver import forget_what_the_server_wrote, take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
+from ddpkit.launch.signalrelay import relay_pending, relay_stop_signals_to_group
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,9 +90,10 @@ class RunPath:
 
     A function worker that ends without returning leaves torch's agent waiting for its
     result, so every successful ending returns: ``sys.exit()`` and ``sys.exit(0)`` (torch's
-    own ``--run-path`` returns only for 0), and ``os._exit(0)`` on the main thread, which
-    becomes ``sys.exit(0)`` here (the script's ``finally`` blocks then run). A failing code
-    ends the process with it, as before.
+    own ``--run-path`` returns only for 0), and ``os._exit(0)``: on the main thread it
+    becomes ``sys.exit(0)`` here (the script's ``finally`` blocks then run); on another
+    thread the process ends at once, as asked, after handing torch the result a return
+    would have. A failing code ends the process with it, as before.
 
     Example:
         >>> RunPath(module=False).__name__
@@ -113,12 +115,13 @@ class RunPath:
     def __call__(self, *argv: str) -> None:
         with contextlib.suppress(OSError):  # a session of its own, as torch gives a fresh worker:
             os.setsid()  # Ctrl-C at a terminal reaches the launcher, which stops every worker
+        relay_stop_signals_to_group()  # torch signals a fresh worker's group, this one alone
         fresh_process_state()
         name_this_worker(argv, self.module)
         take_launcher_stdin()
         prepare_worker()
         real_exit = os._exit
-        os._exit = _returning_exit(real_exit)
+        os._exit = _returning_exit(real_exit, _torchs_result_queue())
         exiting_as_python = True
         try:
             _run_as_main(list(argv), self.module)
@@ -139,7 +142,12 @@ def _stopped_once_finished() -> None:
     a stop meanwhile (a peer failed) ends it with 0 and leaves its record "finished", as a
     fresh interpreter that had already ended would be."""
     for name in STOP_SIGNALS:
-        signal.signal(getattr(signal, name), lambda *_: os._exit(0))
+        signal.signal(getattr(signal, name), _leave_finished)
+
+
+def _leave_finished(_signum: int, _frame: object) -> None:
+    relay_pending()  # what the script left running is stopped with it
+    os._exit(0)
 
 
 class _LeftAtOnce(SystemExit):
@@ -217,16 +225,32 @@ def _ready_process_title() -> None:
     _title_setter[:] = [setproctitle]
 
 
-def _returning_exit(real_exit: Any) -> Any:
+def _returning_exit(real_exit: Any, result_queue: Any) -> Any:
     worker = os.getpid()  # a process the script forks (DataLoader workers) exits for real
 
     def exit_(code: int) -> None:
-        here = os.getpid() == worker and threading.current_thread() is threading.main_thread()
-        if code == 0 and here:
-            raise _LeftAtOnce(0)  # returned by RunPath: torch's agent gets its result
+        if code == 0 and os.getpid() == worker:
+            if threading.current_thread() is threading.main_thread():
+                raise _LeftAtOnce(0)  # returned by RunPath: torch's agent gets its result
+            if result_queue is not None:  # another thread: the process ends now, as asked,
+                result_queue.put(None)  # with the result a return would have given
         real_exit(code)
 
     return exit_
+
+
+def _torchs_result_queue() -> Any:
+    """The queue in which torch's function-worker wrapper (``_wrap``, a caller of this
+    worker's function) puts the rank's result; torch offers no handle to it. None if not
+    found (a torch that names it otherwise: ``os._exit(0)`` off the main thread then leaves
+    the agent waiting, as under torch's own ``--run-path``)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        results, rank = frame.f_locals.get("ret_vals"), frame.f_locals.get("local_rank")
+        if isinstance(results, dict) and rank in results:
+            return results[rank]
+        frame = frame.f_back
+    return None
 
 
 def join_streams(environ: Mapping[str, str] | None = None) -> None:
@@ -267,6 +291,7 @@ def _exit_preempted(signum: int, _frame: object) -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # the main thread may be inside a write
             stream.flush()
+    relay_pending()  # what the script started is stopped with it, as a fresh worker's is
     os._exit(PREEMPTED_EXIT_CODE)  # at once, as the signal's default would, but with 75
 
 

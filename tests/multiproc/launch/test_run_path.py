@@ -24,12 +24,12 @@ def run(mode: str, method: str, stdin: str | None = None) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("mode", ["return", "sys_exit", "sys_exit0", "os_exit0"])
+@pytest.mark.parametrize("mode", ["return", "sys_exit", "sys_exit0", "os_exit0", "os_exit0_thread"])
 def test_a_script_that_succeeds_ends_the_job_with_0(mode: str, method: str) -> None:
     code, out = run(mode, method)
     assert code == 0, out
-    if mode == "os_exit0":
-        assert out.count("leaving by os._exit(0)") == 2, out
+    if mode.startswith("os_exit0"):
+        assert out.count("leaving by os._exit(0)") == 2 and "main thread woke" not in out, out
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -116,3 +116,17 @@ def test_the_scripts_own_forked_processes_end_as_theirs(method: str) -> None:
     code, out = run("dataloader", method)
     assert code == 0 and "can only test a child process" not in out, out
     assert all(f"[rank{r}] rank {r} loaded 4 batches" in out for r in (0, 1)), out
+
+
+@pytest.mark.parametrize("method", ["fresh", *METHODS])
+def test_a_stopped_workers_own_children_are_stopped_with_it(method: str, tmp_path) -> None:
+    """torch's agent signals a fresh worker's whole process group, and a function worker
+    alone: the worker relays the signal to what the script started (here a child process
+    of rank 0, which torch stops when rank 1 fails), else it would run on."""
+    report = tmp_path / "child.txt"
+    warm = [] if method == "fresh" else ["--run-path", "--start-method", method]
+    done = ddpkit_cli("run", "--nproc", "2", *warm, SCRIPT, "child_stop", str(report),
+                      timeout=150)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "rank 1 fails" in out, out
+    assert report.read_text().splitlines() == ["child started", "child stopped by SIGTERM"], out

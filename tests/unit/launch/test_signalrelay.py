@@ -1,0 +1,79 @@
+"""A function worker relays its stop signal to the processes it started, as torch's killpg
+reaches a fresh worker's. Each case runs in a fresh interpreter: the relay sets the
+process's one signal wake-up pipe."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+CHILD = """
+import signal, sys, time
+def stopped(signum, frame):
+    print("child stopped by", signal.Signals(signum).name, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stopped)
+print("child ready", flush=True)
+time.sleep(30)
+"""
+
+
+def run(code: str, new_session: bool = True) -> list[str]:
+    line = [sys.executable, "-c", textwrap.dedent(code), CHILD]
+    done = subprocess.run(line, timeout=60, capture_output=True, text=True,
+                          start_new_session=new_session)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_stop_signal_reaches_the_child_before_the_handler_ends_the_process() -> None:
+    lines = run(
+        """
+        import os, signal, subprocess, sys
+        from ddpkit.launch.signalrelay import relay_pending, relay_stop_signals_to_group
+        os.setsid()
+        print("relaying", relay_stop_signals_to_group(), flush=True)
+        child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE,
+                                 text=True)
+        assert child.stdout.readline() == "child ready\\n"
+        def leave_at_once(signum, frame):  # as ddpkit's own stop handler does
+            relay_pending()
+            child.wait(10)
+            print(child.stdout.read().strip(), flush=True)
+            os._exit(0)
+        signal.signal(signal.SIGTERM, leave_at_once)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()
+    """,
+        new_session=False,
+    )
+    assert lines == ["relaying True", "child stopped by SIGTERM"]
+
+
+def test_a_forked_child_does_not_relay_again() -> None:
+    # The fork's own stop would otherwise go round the group again, and again.
+    lines = run("""
+        import os, signal
+        from ddpkit.launch.signalrelay import relay_stop_signals_to_group
+        relay_stop_signals_to_group()
+        pid = os.fork()
+        if pid == 0:
+            print("wake-up fd in the fork:", signal.set_wakeup_fd(-1), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("wake-up fd here is set:", signal.set_wakeup_fd(-1) >= 0)
+    """)
+    assert lines == ["wake-up fd in the fork: -1", "wake-up fd here is set: True"]
+
+
+def test_only_a_process_that_leads_its_group_relays() -> None:
+    # A process in its launcher's group would signal the launcher and its own peers.
+    lines = run(
+        """
+        from ddpkit.launch.signalrelay import relay_stop_signals_to_group
+        print(relay_stop_signals_to_group())
+    """,
+        new_session=False,
+    )
+    assert lines == ["False"]
