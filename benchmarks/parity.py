@@ -238,8 +238,9 @@ def measure(workload: str, args: argparse.Namespace) -> dict[str, list[float]]:
 
 
 def report(workload: str, runs: dict[str, list[float]], workers: int) -> list[str]:
-    """One row per variant: the median step time and its ratio to raw's median, the fastest
-    run's ratio to raw's fastest (less noisy on a shared machine), the speedup."""
+    """One row per variant: the median step time and its ratio to raw's median, the median
+    of each round's ratio to the raw run next to it (paired: a machine that slows for a
+    while slows both), the fastest run's ratio to raw's fastest, the speedup."""
     steps = {name: statistics.median(times) for name, times in runs.items()}
     single, raw = steps.get("single"), steps.get("raw")
     lines = []
@@ -249,9 +250,15 @@ def report(workload: str, runs: dict[str, list[float]], workers: int) -> list[st
         own = name in ("single", "independent", "raw") or raw is None
         vs_raw = "-" if own else f"{seconds / raw:.3f}"
         fastest = "-" if own else f"{min(runs[name]) / min(runs['raw']):.3f}"
-        lines.append(f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {fastest} | "
-                     f"{speedup} |")  # fmt: skip
+        paired = "-" if own else f"{_paired_ratio(runs[name], runs['raw']):.3f}"
+        lines.append(f"| {workload} | {name} | {seconds * 1e3:.2f} ms | {vs_raw} | {paired} | "
+                     f"{fastest} | {speedup} |")  # fmt: skip
     return lines
+
+
+def _paired_ratio(times: list[float], raw: list[float]) -> float:
+    """The median of each round's ratio: the variant's run over the raw run of its round."""
+    return statistics.median(mine / theirs for mine, theirs in zip(times, raw, strict=True))
 
 
 def main() -> None:
@@ -274,8 +281,8 @@ def main() -> None:
     if args.tiny:
         args.samples, args.epochs, args.repeat, args.batch = 256, 1, 1, 32
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    lines = ["| workload | variant | step time | vs raw | fastest vs raw | speedup vs 1 process |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| workload | variant | step time | vs raw | paired vs raw | fastest vs raw | "
+             "speedup vs 1 process |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for workload in args.workloads.split(","):
         lines += report(workload, measure(workload, args), args.workers)
     print(f"\n{args.workers} workers x {args.threads} thread(s), batch {args.batch} per worker, "

@@ -91,6 +91,8 @@ def main() -> None:
 def _ratios(times: dict[tuple[str, str], list[float]], job: str) -> str:
     """The job's median time under each launcher as a ratio to torchrun's, from this run."""
     base = _median(times[("torchrun --standalone", job)])
+    if math.isnan(base):
+        return f"{job}, ratio to torchrun: none (every torchrun run failed or hung)"
     shares = (f"{la} {_median(times[(la, job)]) / base:.3f}" for la in LAUNCHERS)
     return f"{job}, ratio to torchrun: " + ", ".join(shares)
 

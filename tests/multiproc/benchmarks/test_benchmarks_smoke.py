@@ -32,8 +32,18 @@ def test_parity_benchmark_reports_every_variant() -> None:
     for row in ("| mlp | single |", "| mlp | raw |", "| mlp | ddpkit |", "| mlp | ddpkit tuned |"):
         assert row in out
     rows = [line.split("|") for line in out.splitlines() if "| ddpkit" in line]
-    ratios = [row[4].strip() for row in rows] + [row[5].strip() for row in rows]  # median, fastest
+    ratios = [
+        row[column].strip() for row in rows for column in (4, 5, 6)
+    ]  # median, paired, fastest
     assert all(float(r) > 0 for r in ratios)
+
+
+@pytest.mark.timeout(200)
+def test_loop_parity_benchmark_pairs_the_two_loops_in_the_same_workers() -> None:
+    out = run_benchmark("benchmarks/loop_parity.py", "--rounds", "2", "--workloads", "mlp",
+                        "--samples", "512")  # fmt: skip
+    ratio = re.search(r"mlp: TrainLoop / hand-written, median of the rounds' ratios ([\d.]+)", out)
+    assert ratio and float(ratio.group(1)) > 0, out
 
 
 @pytest.mark.timeout(320)

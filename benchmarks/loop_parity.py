@@ -1,0 +1,96 @@
+"""TrainLoop against the hand-written DDP loop, in the same workers, epoch after epoch.
+
+``parity.py`` launches each variant afresh, and on this shared 2-core machine one launch
+differs from the next by several percent (the same loop, launched twice, has read 0.95 and
+1.05): far more than a loop's own cost. Here 2 workers train the parity workload's DDP model
+both ways in turn, alternating which goes first each round:
+
+- ``hand``: the tutorials' loop: a ``DataLoader`` over a ``DistributedSampler``,
+  ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()``;
+- ``loop``: ``ddpkit.TrainLoop`` over ``prepare_loader``'s loader (``backward``,
+  ``optimizer_step``), a new loop each round (so its hooks are gone while ``hand`` runs).
+
+Only the batches are timed. It prints, per workload, the median of the rounds' paired
+ratios (loop / hand), each one's median step time, and the fastest of each.
+
+    .venv/bin/python benchmarks/loop_parity.py --rounds 8      # about 2 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from parity import make_data, make_model, plain_step
+from torch.utils.data import DataLoader, DistributedSampler
+
+import ddpkit
+
+
+def hand_epoch(model: Any, optimizer: Any, loader: DataLoader, epoch: int) -> float:
+    loader.sampler.set_epoch(epoch)  # type: ignore[union-attr]
+    step = plain_step(model, optimizer)
+    start = time.perf_counter()
+    for inputs, targets in loader:
+        step(inputs, targets)
+    return (time.perf_counter() - start) / len(loader)
+
+
+def loop_epoch(model: Any, optimizer: Any, loader: DataLoader) -> float:
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    for _ in loop.epochs(1):
+        start = time.perf_counter()
+        for inputs, targets in loop.batches(loader):
+            loop.backward(F.cross_entropy(model(inputs), targets))
+            loop.optimizer_step(optimizer)
+        seconds = (time.perf_counter() - start) / len(loader)
+    return seconds
+
+
+def worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
+    torch.set_num_threads(cfg["threads"])
+    ddpkit.init()
+    model = ddpkit.prepare_model(make_model(cfg["workload"]))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = make_data(cfg["workload"], cfg["samples"])
+    hand_loader = DataLoader(data, cfg["batch"], sampler=DistributedSampler(data))
+    loop_loader = ddpkit.prepare_loader(data, cfg["batch"])
+    ways = {"hand": lambda r: hand_epoch(model, optimizer, hand_loader, r),
+            "loop": lambda r: loop_epoch(model, optimizer, loop_loader)}  # fmt: skip
+    times: dict[str, list[float]] = {"hand": [], "loop": []}
+    for round_ in range(cfg["rounds"] + 1):  # round 0 warms up (DDP's buckets, the caches)
+        for name in ("hand", "loop") if round_ % 2 else ("loop", "hand"):
+            seconds = ways[name](round_)
+            if round_:
+                times[name].append(seconds)
+    ddpkit.shutdown()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8, help="epochs of each, alternating")
+    parser.add_argument("--workloads", default="cnn,mlp")
+    parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
+    parser.add_argument("--samples", type=int, default=2048)
+    args = parser.parse_args()
+    print(f"2 workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds, each "
+          "way once a round in the same workers, the order alternating")  # fmt: skip
+    for workload in args.workloads.split(","):
+        cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
+               "batch": args.batch, "samples": args.samples}  # fmt: skip
+        times = ddpkit.spawn(worker, 2, cfg)[0]
+        hand, loop = times["hand"], times["loop"]
+        ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
+        print(f"{workload}: TrainLoop / hand-written, median of the rounds' ratios "
+              f"{statistics.median(ratios):.3f} (fastest {min(loop) / min(hand):.3f}); "
+              f"hand {statistics.median(hand) * 1e3:.2f} ms/step, "
+              f"loop {statistics.median(loop) * 1e3:.2f} ms/step")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
