@@ -8,10 +8,12 @@ both ways in turn, alternating which goes first each round:
 - ``hand``: the tutorials' loop: a ``DataLoader`` over a ``DistributedSampler``,
   ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()``;
 - ``loop``: ``ddpkit.TrainLoop`` over ``prepare_loader``'s loader (``backward``,
-  ``optimizer_step``), a new loop each round (so its hooks are gone while ``hand`` runs).
+  ``optimizer_step``): one loop for the run, as a script has, ``hand``'s epoch run inside
+  each of its epochs.
 
-Only the batches are timed. It prints, per workload, the median of the rounds' paired
-ratios (loop / hand), each one's median step time, and the fastest of each.
+Only the batches are timed, with what the loop does at an epoch's end (its epoch line: the
+metrics and the ranks' step times gathered). It prints, per workload, the median of the
+rounds' paired ratios (loop / hand), each one's median step time, and the fastest of each.
 
     .venv/bin/python benchmarks/loop_parity.py --rounds 8      # about 2 minutes
 """
@@ -40,15 +42,12 @@ def hand_epoch(model: Any, optimizer: Any, loader: DataLoader, epoch: int) -> fl
     return (time.perf_counter() - start) / len(loader)
 
 
-def loop_epoch(model: Any, optimizer: Any, loader: DataLoader) -> float:
-    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
-    for _ in loop.epochs(1):
-        start = time.perf_counter()
-        for inputs, targets in loop.batches(loader):
-            loop.backward(F.cross_entropy(model(inputs), targets))
-            loop.optimizer_step(optimizer)
-        seconds = (time.perf_counter() - start) / len(loader)
-    return seconds
+def loop_batches(loop: Any, model: Any, optimizer: Any, loader: DataLoader) -> float:
+    start = time.perf_counter()
+    for inputs, targets in loop.batches(loader):
+        loop.backward(F.cross_entropy(model(inputs), targets))
+        loop.optimizer_step(optimizer)
+    return (time.perf_counter() - start) / len(loader)
 
 
 def worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
@@ -59,10 +58,11 @@ def worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
     data = make_data(cfg["workload"], cfg["samples"])
     hand_loader = DataLoader(data, cfg["batch"], sampler=DistributedSampler(data))
     loop_loader = ddpkit.prepare_loader(data, cfg["batch"])
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
     ways = {"hand": lambda r: hand_epoch(model, optimizer, hand_loader, r),
-            "loop": lambda r: loop_epoch(model, optimizer, loop_loader)}  # fmt: skip
+            "loop": lambda r: loop_batches(loop, model, optimizer, loop_loader)}  # fmt: skip
     times: dict[str, list[float]] = {"hand": [], "loop": []}
-    for round_ in range(cfg["rounds"] + 1):  # round 0 warms up (DDP's buckets, the caches)
+    for round_ in loop.epochs(cfg["rounds"] + 1):  # round 0 warms up (DDP's buckets, caches)
         for name in ("hand", "loop") if round_ % 2 else ("loop", "hand"):
             seconds = ways[name](round_)
             if round_:

@@ -19,10 +19,15 @@ from pathlib import Path
 from typing import IO, Any
 
 
-def atomic_write(final: Path, write: Callable[[IO[bytes]], Any], make_folder: bool = True) -> None:
+def atomic_write(
+    final: Path, write: Callable[[IO[bytes]], Any], make_folder: bool = True, durable: bool = True
+) -> None:
     """Write ``final`` through ``write(handle)`` so it is either complete or not there.
     ``make_folder=False``: a missing folder is an error (``FileNotFoundError``) rather than
     made, for a file whose folder belongs to someone else and may have been removed.
+    ``durable=False``: no fsync, for a file no one reads after a power cut (a worker's
+    record for its launcher): whole or not there still holds for a killed writer, and an
+    fsync can cost milliseconds on a busy or network disk.
 
     Example:
         >>> target = Path(tempfile.mkdtemp()) / "notes.bin"
@@ -36,12 +41,14 @@ def atomic_write(final: Path, write: Callable[[IO[bytes]], Any], make_folder: bo
         with os.fdopen(fd, "wb") as handle:
             write(handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp_name, final)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
         raise
-    fsync_directory(final.parent)
+    if durable:
+        fsync_directory(final.parent)
 
 
 def fsync_directory(folder: Path) -> None:

@@ -158,10 +158,11 @@ def write_error_file(record: dict[str, Any], keep_existing: bool = False) -> Non
     # (A temporary of its own per write: the watchdog's thread writes here too.)
     # The folder is the launcher's: once it is gone (a launcher killed with -9, its folder
     # swept by the next launch) there is no one to read the record, and making the folder
-    # again would leave it behind for good.
+    # again would leave it behind for good. Nor does anyone read it after a power cut: no
+    # fsync, which a worker paid at every training record.
     text = json.dumps(record).encode()
     with contextlib.suppress(OSError):  # reporting the failure must never hide it
-        atomic_write(Path(path), lambda out: out.write(text), make_folder=False)
+        atomic_write(Path(path), lambda out: out.write(text), make_folder=False, durable=False)
 
 
 def failure_recorded() -> bool:

@@ -97,6 +97,9 @@ def prepare_loader(
     batch = plan.per_device * shards
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, **loader_kwargs)
     loader.ddpkit_batch_plan = plan  # read by the startup line and ddpkit bench
+    # Every rank's shard holds as many samples (padded or cut), so every rank has as many
+    # batches: the loop need not ask the ranks each epoch (one collective saved).
+    loader.ranks_in_step = True
     return loader
 
 

@@ -11,8 +11,9 @@
   checkpoint starts with a collective the failed rank never joins). ``"skip"``: every rank
   skips the same step, so the checks are exchanged before every update.
 
-**Uneven shares.** ``prepare_loader`` evens the shards out, but a loader of your own may
-not. :func:`uneven_shares` finds out once per epoch. Under DDP the ranks that run out
+**Uneven shares.** ``prepare_loader`` evens the shards out (its loader says so, as a
+stream's and ``ReplicaBatches`` do: ``ranks_in_step``), but a loader of your own may not.
+:func:`uneven_shares` finds out once per epoch, for a loader that does not say so. Under DDP the ranks that run out
 first would leave the others waiting in a gradient all-reduce forever, so such an epoch runs
 under torch's ``Join``, whose finished ranks keep answering (:func:`join_unless`); nothing
 else collective may run between its batches, so the stop exchange, step checkpoints and

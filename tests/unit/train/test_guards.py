@@ -85,3 +85,21 @@ def test_error_mode_checks_the_loss_locally(exchanges: list[list[float]]) -> Non
     assert guard.check(collective=True).nonfinite == {0: "nan"}
     assert guard.check(collective=True).nonfinite == {}  # each step starts clean
     assert exchanges == []
+
+
+def test_prepare_loaders_shards_are_taken_as_even_without_asking_the_ranks(monkeypatch) -> None:
+    """Every rank's shard holds as many samples, so as many batches: no collective per epoch.
+    A loader of the user's is still asked about."""
+    asked: list[int | None] = []
+    monkeypatch.setattr(
+        ddpkit.train.guard, "uneven_shares", lambda _m, total, _p: asked.append(total)
+    )
+    model, data = torch.nn.Linear(1, 1), torch.utils.data.TensorDataset(torch.zeros(10, 1))
+    ddpkit.init()
+    try:
+        prepared = ddpkit.prepare_loader(data, batch_size=4)
+        assert ddpkit.train.guard.even_epoch(model, prepared, 3, "error", 0, True) and asked == []
+        plain = torch.utils.data.DataLoader(data, batch_size=4)
+        assert ddpkit.train.guard.even_epoch(model, plain, 3, "error", 0, True) and asked == [3]
+    finally:
+        ddpkit.shutdown()
