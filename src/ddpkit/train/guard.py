@@ -13,11 +13,11 @@
 
 **Uneven shares.** ``prepare_loader`` evens the shards out (its loader says so, as a
 stream's and ``ReplicaBatches`` do: ``ranks_in_step``), but a loader of your own may not.
-:func:`uneven_shares` finds out once per epoch, for a loader that does not say so. Under DDP the ranks that run out
-first would leave the others waiting in a gradient all-reduce forever, so such an epoch runs
-under torch's ``Join``, whose finished ranks keep answering (:func:`join_unless`); nothing
-else collective may run between its batches, so the stop exchange, step checkpoints and
-replica checks wait for the epoch's end. FSDP's all-gathers cannot be joined, and ``"skip"``
+:func:`uneven_shares` finds out once per epoch, for a loader that does not say so. Under
+DDP the ranks that run out first would leave the others waiting in a gradient all-reduce
+forever, so such an epoch runs under torch's ``Join``, whose finished ranks keep answering
+(:func:`join_unless`); nothing else collective may run between its batches, so the stop
+exchange, step checkpoints and replica checks wait for the epoch's end. FSDP's all-gathers cannot be joined, and ``"skip"``
 needs every rank to agree at each step: both are refused naming the ranks' batch counts.
 
 Example:
