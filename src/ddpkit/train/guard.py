@@ -17,8 +17,9 @@ stream's and ``ReplicaBatches`` do: ``ranks_in_step``), but a loader of your own
 DDP the ranks that run out first would leave the others waiting in a gradient all-reduce
 forever, so such an epoch runs under torch's ``Join``, whose finished ranks keep answering
 (:func:`join_unless`); nothing else collective may run between its batches, so the stop
-exchange, step checkpoints and replica checks wait for the epoch's end. FSDP's all-gathers cannot be joined, and ``"skip"``
-needs every rank to agree at each step: both are refused naming the ranks' batch counts.
+exchange, step checkpoints and replica checks wait for the epoch's end. FSDP's all-gathers
+cannot be joined, and ``"skip"`` needs every rank to agree at each step: both are refused
+naming the ranks' batch counts.
 
 Example:
     >>> import torch, ddpkit
