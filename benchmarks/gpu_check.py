@@ -123,7 +123,9 @@ def findings(step: Step, out: Path) -> None:
         step.details = facts_rows((out / "facts.log").read_text())
     elif step.name == "parity":
         log = (out / "parity.log").read_text().splitlines()
-        step.details = [{"line": line} for line in log if line.startswith(("gpu_parity", "  "))]
+        said = [line for line in log if line.startswith(("gpu_parity", "  "))]
+        # a failed run's cause is in the launcher's lines, which the filter above leaves out
+        step.details = [{"line": line} for line in (said if step.status == "passed" else log[-12:])]
 
 
 def facts_rows(log: str) -> list[dict[str, str]]:

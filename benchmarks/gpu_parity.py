@@ -21,6 +21,7 @@ and each side's peak GPU memory per rank (``torch.cuda.max_memory_allocated``).
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import os
@@ -89,6 +90,12 @@ def raw_worker(cfg: dict[str, Any]) -> dict[str, float]:
             loss.backward()
             optimizer.step()
         ends.append(synchronize(device))
+    # DDP first, then the group: a reducer holding the group's last reference makes torch
+    # 2.13 destroy the gloo group under the GIL, which can abort the process as it exits
+    # ("terminate called without an active exception": seen once in this dry run on a CPU).
+    # DDP sits in reference cycles, so collect them, as ddpkit.shutdown() does.
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()
     return measured(ends, len(loader), device)
 

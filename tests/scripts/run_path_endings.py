@@ -3,6 +3,8 @@
 - ``return``, ``sys_exit``, ``sys_exit0``, ``os_exit0``, ``step_limit``: a success;
   ``os_exit0_thread``: a success too, ``os._exit(0)`` called by a thread while the main
   thread sleeps (it says so if it ever wakes: the process should have ended);
+  ``caught_sigint``: a SIGINT (Ctrl-C's signal) caught as KeyboardInterrupt, then a
+  normal ending;
 - ``sys_exit3``, ``raise``: a failure on rank 1;
 - ``state``: each rank prints what a fresh interpreter would have (``state rank=...``);
 - ``dataloader``: two DataLoader worker processes (forked by the script) read a dataset;
@@ -20,6 +22,7 @@ import atexit
 import concurrent.futures
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -71,6 +74,12 @@ def main() -> None:
         leaving.start()
         time.sleep(20)
         print(f"rank {world.rank}: the main thread woke; os._exit(0) ended nothing", flush=True)
+    if MODE == "caught_sigint":
+        try:
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(5)
+        except KeyboardInterrupt:
+            print(f"rank {world.rank} caught KeyboardInterrupt", flush=True)
     if MODE == "child_stop":
         start_a_child_then_fail(world.rank, sys.argv[2])
     if MODE == "sys_exit3" and world.rank == 1:

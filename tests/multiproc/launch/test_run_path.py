@@ -24,10 +24,14 @@ def run(mode: str, method: str, stdin: str | None = None) -> tuple[int, str]:
 
 
 @pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("mode", ["return", "sys_exit", "sys_exit0", "os_exit0", "os_exit0_thread"])
+@pytest.mark.parametrize(
+    "mode", ["return", "sys_exit", "sys_exit0", "os_exit0", "os_exit0_thread", "caught_sigint"]
+)
 def test_a_script_that_succeeds_ends_the_job_with_0(mode: str, method: str) -> None:
     code, out = run(mode, method)
     assert code == 0, out
+    if mode == "caught_sigint":
+        assert out.count("caught KeyboardInterrupt") == 2, out
     if mode.startswith("os_exit0"):
         assert out.count("leaving by os._exit(0)") == 2 and "main thread woke" not in out, out
 

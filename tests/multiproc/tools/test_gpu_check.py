@@ -63,3 +63,18 @@ def test_a_failed_gpu_test_fails_the_check(tmp_path: Path) -> None:
     assert step.status == "failed" and module.verdict([step]) == "FAIL"
     assert [(r["test"], r["outcome"]) for r in step.details] == [
         ("test_x::test_a", "failed"), ("test_x::test_b", "passed")]  # fmt: skip
+
+
+def test_a_failed_parity_run_shows_the_launchers_lines(tmp_path: Path) -> None:
+    # The cause ("terminate called without an active exception" as a rank exited) was in the
+    # launcher's lines, which the summary of a passed run leaves out.
+    (tmp_path / "parity.log").write_text(
+        "gpu_parity: the raw run failed:\n[rank0] terminate called without an active exception\n"
+        "ddpkit run: rank 0 finished the script, then failed while exiting:\n"
+    )
+    module = gpu_check()
+    step = module.Step("parity", ["true"], 10, status="failed (exit code 1)")
+    module.findings(step, tmp_path)
+    assert "[rank0] terminate called without an active exception" in [
+        row["line"] for row in step.details
+    ]
