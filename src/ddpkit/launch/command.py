@@ -158,7 +158,8 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     args = parser.parse_args(argv)
     args.argv = list(argv)  # --hosts passes it on to every host
     if _warm(args):  # started already, unless the command line needed torch's parser
-        start_warm_server({**_threads(args), **worker_settings(args)})
+        # spawn where no server can start (a long TMPDIR: said once, with the fix)
+        args.start_method = start_warm_server({**_threads(args), **worker_settings(args)})
     if not hosts_given(args):  # --hosts starts ddpkit run on each host: no torch here
         importlib.import_module(LAUNCHER)
     return args

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import multiprocessing.util
 import os
 import sys
 from collections.abc import Mapping
 from multiprocessing import forkserver
 
+from ddpkit._core.log import logger
 from ddpkit._core.protocol import WARM_SERVER_ENV
 
 # Imported by the server once, inherited by every worker it forks: torch with dynamo (which
@@ -48,6 +50,8 @@ _STARTING_ENV = dict(os.environ)
 
 def warm_start_method() -> str:
     """ "forkserver" (preloading torch in the server) where the platform has it, else "spawn".
+    "spawn" too, said once, where the server's socket cannot be made: its path, under the
+    temporary directory, would pass AF_UNIX's limit (a long ``TMPDIR``).
 
     The preload list takes effect when the server starts, at the first forkserver launch
     of this process; a server someone else started earlier keeps its own (slower, correct).
@@ -56,10 +60,31 @@ def warm_start_method() -> str:
         >>> warm_start_method() in ("forkserver", "spawn")
         True
     """
-    if "forkserver" not in multiprocessing.get_all_start_methods():
+    if "forkserver" not in multiprocessing.get_all_start_methods() or not _socket_fits():
         return "spawn"
     multiprocessing.set_forkserver_preload(list(PRELOADED))
     return "forkserver"
+
+
+# AF_UNIX's sun_path holds 108 bytes on Linux, its NUL included; Python 3.11's server listens
+# at <temporary folder>/listener-XXXXXXXX, and fails with "AF_UNIX path too long" past it.
+_SOCKET_PATH_MOST = 107
+_LISTENER_NAME = len("/listener-XXXXXXXX")
+_said_too_long: list[str] = []
+
+
+def _socket_fits() -> bool:
+    folder = multiprocessing.util.get_temp_dir()  # the server's (made here, as it would be)
+    if len(os.fsencode(folder)) + _LISTENER_NAME <= _SOCKET_PATH_MOST:
+        return True
+    if not _said_too_long:
+        _said_too_long.append(folder)
+        logger.warning(
+            f"warm workers start by spawn here, not forked from a server: the server's socket "
+            f"would be under {folder} ({len(os.fsencode(folder))} bytes), past AF_UNIX's "
+            f"{_SOCKET_PATH_MOST}-byte limit; set TMPDIR to a shorter folder to fork them"
+        )
+    return False
 
 
 def start_warm_server(server_env: Mapping[str, str]) -> str:
