@@ -7,10 +7,11 @@ that imported torch once: a restart forks again from it) and ``torchrun --standa
 each, the median wall time of the job with its restart, of the plain job (`noop_job.py`),
 and their difference: the restart's cost. The job does no training (no checkpoint to load,
 nothing compiled): what is measured is the launcher's and the interpreters' part. A third
-job is a real one's start: ``examples/gpt.py`` to the end of its first optimizer step
-(``DDPKIT_MAX_STEPS=1``), launch to exit. A job
-that fails or hangs (60 s) is counted apart and said; torchrun's restart of this plain
-job did both here (its second attempt's gloo could not connect).
+job is a real one's start: ``examples/gpt.py`` (unchanged, run by ``first_step_job.py``),
+timed from launch to the end of its first optimizer step on every rank, and to exit
+(``DDPKIT_MAX_STEPS=1`` ends it there). A job that fails or hangs (60 s) is counted apart
+and said; torchrun's restart of the plain job did both here (its second attempt's gloo
+could not connect).
 
     .venv/bin/python benchmarks/restart_cost.py --repeat 5
     .venv/bin/python benchmarks/restart_cost.py --repeat 5 --jobs "gpt first step"
@@ -24,17 +25,20 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 HERE = Path(__file__).parent
-GPT = str(HERE.parent / "examples" / "gpt.py")
+FIRST_STEP_JOB = str(HERE / "first_step_job.py")
 # job -> (script, environment): DDPKIT_MAX_STEPS=1 ends the GPT example after its first step
 JOBS = {
     "plain": (str(HERE / "noop_job.py"), {}),
     "restarted": (str(HERE / "restart_job.py"), {}),
-    "gpt first step": (GPT, {"DDPKIT_MAX_STEPS": "1"}),
+    "gpt first step": (FIRST_STEP_JOB, {"DDPKIT_MAX_STEPS": "1"}),  # to exit
 }
+TO_FIRST_STEP = "gpt: launch to first step"  # read from the marks the GPT job writes
 LAUNCHERS = {
     "ddpkit run": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"],
     "ddpkit run (forkserver)": [
@@ -48,15 +52,22 @@ LAUNCHERS = {
 }
 
 
-def time_once(command: list[str], env: dict[str, str]) -> float:
-    """Seconds from launch to exit; NaN for a job that failed or hung (said once, below)."""
-    start = time.perf_counter()
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60,
-                              env={**os.environ, **env})  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return math.nan
-    return time.perf_counter() - start if done.returncode == 0 else math.nan
+def time_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Seconds from launch to exit, and to the first step's end on every rank where the job
+    marks it (else NaN); NaN both for a job that failed or hung (said once, below)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        marks = Path(scratch) / "first_step"
+        start_wall, start = time.time(), time.perf_counter()
+        env = {**os.environ, **env, "FIRST_STEP_MARK": str(marks)}
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+        except subprocess.TimeoutExpired:
+            return math.nan, math.nan
+        if done.returncode != 0:
+            return math.nan, math.nan
+        ended = time.perf_counter() - start
+        stepped = [float(m.read_text()) for m in Path(scratch).glob("first_step.*")]
+        return ended, (max(stepped) - start_wall) if len(stepped) == 2 else math.nan
 
 
 def summary(values: list[float]) -> str:
@@ -72,11 +83,16 @@ def main() -> None:
     parser.add_argument("--jobs", default=",".join(JOBS), help="of: " + ", ".join(JOBS))
     args = parser.parse_args()
     jobs = [job for job in JOBS if job in args.jobs.split(",")]
-    times: dict[tuple[str, str], list[float]] = {(la, job): [] for la in LAUNCHERS for job in jobs}
+    runs = [(la, job) for la in LAUNCHERS for job in jobs]
+    times: dict[tuple[str, str], list[float]] = defaultdict(list)
     for _ in range(args.repeat):
-        for (launcher, job), values in times.items():
+        for launcher, job in runs:
             script, env = JOBS[job]
-            values.append(time_once([*LAUNCHERS[launcher], script], env))
+            ended, stepped = time_once([*LAUNCHERS[launcher], script], env)
+            times[(launcher, job)].append(ended)
+            if job == "gpt first step":
+                times[(launcher, TO_FIRST_STEP)].append(stepped)
+    jobs += [TO_FIRST_STEP] if "gpt first step" in jobs else []
     for launcher in LAUNCHERS:
         print(f"{launcher:24s} " + "; ".join(
             f"{job} {summary(times[(launcher, job)])}" for job in jobs))  # fmt: skip

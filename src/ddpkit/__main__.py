@@ -1,7 +1,5 @@
 """``python -m ddpkit`` is the ``ddpkit`` command."""
 
-import sys
+from ddpkit.cli import run
 
-from ddpkit.cli import main
-
-sys.exit(main())
+run()

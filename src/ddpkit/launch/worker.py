@@ -15,7 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import importlib.util
@@ -30,6 +29,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ddpkit._core.interpreter import exit_as_python_does
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     ONE_STREAM_ENV,
@@ -152,24 +152,6 @@ def _leave_finished(_signum: int, _frame: object) -> None:
 
 class _LeftAtOnce(SystemExit):
     """The script called ``os._exit(0)`` on the main thread: a success, without exit handlers."""
-
-
-def exit_as_python_does() -> None:
-    """What Python does once the main module ends, which a function worker must do itself
-    (a forked one ends by ``os._exit``; a spawned one would, after torch's launcher stopped
-    sending its output to the console): stop the thread pools (their ``threading`` exit
-    hooks), wait for the script's non-daemon threads, run its ``atexit`` handlers.
-
-    Example::
-
-        exit_as_python_does()   # after the script, in a worker started from a function
-    """
-    for hook in reversed(getattr(threading, "_threading_atexits", [])):  # executors' shutdown
-        hook()
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
 
 
 def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
