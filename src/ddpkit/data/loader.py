@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler
 
 from ddpkit._core.validate import check_choice, check_positive_int
-from ddpkit.data.samples import SampleIndex
+from ddpkit.data.samples import SampleIndex, sample_indices
 from ddpkit.data.stream import StreamLoader, rank_share
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.seeding import configured_seed, rank_seed
@@ -177,7 +177,7 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         else:  # padded from the epoch's head, as DistributedSampler pads
             padding = itertools.islice(itertools.cycle(order), -left % self.num_replicas)
             rest = order[self.start :] + list(padding)
-        return [SampleIndex(i, self.epoch, self.seed) for i in rest[self.rank :: self.num_replicas]]
+        return sample_indices(rest[self.rank :: self.num_replicas], self.epoch, self.seed)
 
     def _epoch_order(self) -> list[int]:
         """DistributedSampler's order of the whole epoch, before padding."""

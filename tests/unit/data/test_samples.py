@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import ddpkit
 from ddpkit.data.loader import GlobalOrderSampler, ResumableDistributedSampler
-from ddpkit.data.samples import SampleIndex, sample_generator
+from ddpkit.data.samples import SampleIndex, sample_generator, sample_indices, sample_seed
 from ddpkit.errors import ConfigError
 
 
@@ -58,3 +58,13 @@ def test_the_verify_reference_and_a_resumed_epoch_carry_the_same_indices() -> No
 def test_a_plain_index_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match="needs the index prepare_loader's sampler gives"):
         sample_generator(3)  # type: ignore[arg-type]
+
+
+def test_an_epochs_indices_carry_its_epoch_and_seed_through_a_pickle() -> None:
+    dealt = sample_indices([5, 1], epoch=3, seed=7)
+    assert dealt == [5, 1] and all(isinstance(i, SampleIndex) for i in dealt)
+    back = pickle.loads(pickle.dumps(dealt))  # to DataLoader workers and back
+    assert [(int(i), i.epoch, i.seed) for i in back] == [(5, 3, 7), (1, 3, 7)]
+    other = sample_indices([5], epoch=4, seed=7)[0]
+    assert other == dealt[0] and sample_seed(other) != sample_seed(dealt[0])
+    assert SampleIndex(5, 3, 7).epoch == 3 and type(SampleIndex(5, 3, 7)) is type(dealt[0])
