@@ -11,9 +11,12 @@ both ways in turn, alternating which goes first each round:
   ``optimizer_step``): one loop for the run, as a script has, ``hand``'s epoch run inside
   each of its epochs.
 
-Only the batches are timed, with what the loop does at an epoch's end (its epoch line: the
-metrics and the ranks' step times gathered). It prints, per workload, the median of the
-rounds' paired ratios (loop / hand), each one's median step time, and the fastest of each.
+Each way's batches are timed, and the loop's time also counts its epoch's end (its epoch
+line: the metrics and the ranks' step times gathered, outside the batches). It prints, per
+workload, the median of the rounds' paired ratios (loop / hand), each one's median step
+time, and the fastest of each.
+``--same`` runs the hand-written loop both ways: how far the ratio strays when nothing
+differs, on this machine, that day.
 
     .venv/bin/python benchmarks/loop_parity.py --rounds 8      # about 2 minutes
 """
@@ -61,12 +64,21 @@ def worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
     loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
     ways = {"hand": lambda r: hand_epoch(model, optimizer, hand_loader, r),
             "loop": lambda r: loop_batches(loop, model, optimizer, loop_loader)}  # fmt: skip
+    if cfg["same"]:  # an A/A run: the hand-written loop both ways, over loaders of its own
+        again = DataLoader(data, cfg["batch"], sampler=DistributedSampler(data))
+        ways["loop"] = lambda r: hand_epoch(model, optimizer, again, r)
     times: dict[str, list[float]] = {"hand": [], "loop": []}
+    body_ended = None
     for round_ in loop.epochs(cfg["rounds"] + 1):  # round 0 warms up (DDP's buckets, caches)
+        if round_ > 1 and body_ended is not None:  # the loop's previous epoch end, its line
+            times["loop"][-1] += (time.perf_counter() - body_ended) / len(loop_loader)
         for name in ("hand", "loop") if round_ % 2 else ("loop", "hand"):
             seconds = ways[name](round_)
             if round_:
                 times[name].append(seconds)
+        body_ended = time.perf_counter()
+    if body_ended is not None:
+        times["loop"][-1] += (time.perf_counter() - body_ended) / len(loop_loader)
     ddpkit.shutdown()
     return times
 
@@ -77,12 +89,15 @@ def main() -> None:
     parser.add_argument("--workloads", default="cnn,mlp")
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument("--same", action="store_true",
+                        help="the hand-written loop both ways: the ratio's spread when nothing "
+                        "differs (an A/A run)")  # fmt: skip
     args = parser.parse_args()
     print(f"2 workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds, each "
           "way once a round in the same workers, the order alternating")  # fmt: skip
     for workload in args.workloads.split(","):
         cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
-               "batch": args.batch, "samples": args.samples}  # fmt: skip
+               "batch": args.batch, "samples": args.samples, "same": args.same}  # fmt: skip
         times = ddpkit.spawn(worker, 2, cfg)[0]
         hand, loop = times["hand"], times["loop"]
         ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]

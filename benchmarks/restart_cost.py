@@ -59,7 +59,9 @@ def time_once(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     with tempfile.TemporaryDirectory() as scratch:
         marks = Path(scratch) / "first_step"
         start_wall, start = time.time(), time.perf_counter()
-        env = {**os.environ, **env, "FIRST_STEP_MARK": str(marks)}
+        # PET_* would set torch's launcher flags: each launcher runs with its own, listed above
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+        env = {**inherited, **env, "FIRST_STEP_MARK": str(marks)}
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
         except subprocess.TimeoutExpired:
