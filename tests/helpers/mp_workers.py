@@ -280,3 +280,24 @@ def nccl_flight_recorder() -> dict[str, Any]:
     )
     return {"backend": world.backend, "collectives": recent_collectives(),
             "env": {name: os.environ.get(name, "") for name in names}}  # fmt: skip
+
+
+def metric_names_by_epoch(extra_on_rank1_in_epoch: int) -> list[list[str]]:
+    """Four epochs of a TrainLoop where rank 1 records an extra metric in one epoch only:
+    each epoch's metric names, as the history has them."""
+    ddpkit.init(hang_timeout=0)
+    model = ddpkit.prepare_model(toy_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+    loader = ddpkit.prepare_loader(toy_dataset(), batch_size=4)
+    rank = ddpkit.current_world().rank
+    for epoch in loop.epochs(4):
+        for x, y in loop.batches(loader):
+            loss = F.cross_entropy(model(x), y)
+            loop.backward(loss)
+            if rank == 1 and epoch == extra_on_rank1_in_epoch:
+                loop.record({"loss": loss, "aux": 1.0})
+            loop.optimizer_step(opt)
+    names = [sorted(k for k in m if k in ("loss", "aux")) for m in loop.history]
+    ddpkit.shutdown()
+    return names

@@ -136,12 +136,15 @@ def format_epoch(metrics: dict[str, float], epochs: int, times: RankTimes | None
     Example:
         >>> format_epoch({"epoch": 2.0, "loss": 0.5, "val_loss": 0.7, "time_s": 3.0}, 10)
         'epoch 2/10  loss 0.5000  val_loss 0.7000  (3.00 s)'
+        >>> format_epoch({"epoch": 3.0, "val_loss": 0.6}, 10)
+        'epoch 3/10  val_loss 0.6000  (no batch trained)'
     """
     parts = [f"epoch {int(metrics['epoch'])}/{epochs}"]
     shown = {k: v for k, v in metrics.items() if k not in ("epoch", "time_s")}
     parts += [f"{k} {v:.4f}" for k, v in shown.items() if not _unshown(k)]
     timing = f"; {times.compact()}" if times is not None else ""
-    parts.append(f"({metrics['time_s']:.2f} s{timing})")
+    trained = "time_s" in metrics  # none when the epoch's body trained no batch here
+    parts.append(f"({metrics['time_s']:.2f} s{timing})" if trained else "(no batch trained)")
     return "  ".join(parts)
 
 

@@ -52,12 +52,15 @@ class EpochProgress:
     @classmethod
     def of(cls, epoch: int, loader: Any, resumed: EpochProgress | None) -> EpochProgress:
         """The progress of ``epoch``: the one a resume restored when it is that epoch's."""
-        return resumed if resumed is not None and resumed.epoch == epoch else cls(epoch, loader)
+        if resumed is not None and resumed.epoch == epoch:
+            return resumed
+        agreed = resumed.sums.agreed if resumed is not None else None  # metric names, as before
+        return cls(epoch, loader, agreed)
 
-    def __init__(self, epoch: int, loader: Any) -> None:
+    def __init__(self, epoch: int, loader: Any, agreed: list[str] | None = None) -> None:
         self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
         self.batches = 0
-        self.sums = MetricSums(current_world().device)
+        self.sums = MetricSums(current_world().device, agreed)
         self._loss: torch.Tensor | None = None  # the batch's losses given to backward
         self._recorded: tuple[dict[str, Any], Any] | None = None  # the batch's own metrics
         self.generator_state = loader_generator_state(loader)  # before this epoch draws from it
@@ -192,7 +195,7 @@ class EpochProgress:
     def _restart(self) -> None:
         """Forget the part of the epoch done (a loader that cannot go on at a position)."""
         self.batches, self.resumed_at, self._elapsed_before = 0, None, 0.0
-        self.sums = MetricSums(current_world().device)
+        self.sums = MetricSums(current_world().device, self.sums.agreed)
 
 
 def _positions_per_batch(loader: Any) -> int | None:

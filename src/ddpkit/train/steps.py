@@ -48,9 +48,12 @@ class MetricSums:
         {}
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, agreed: list[str] | None = None) -> None:
         self.device = device
         self.names: list[str] = []  # in the order they first appeared
+        # The names every rank agreed on at the last reduction (the previous epoch's): the
+        # same list on every rank, since only a collective's result changes it.
+        self.agreed: list[str] = list(agreed or [])
         self._sums = torch.zeros(1, dtype=torch.float64, device=device)  # [samples, *names]
         self._pending: list[tuple[Any, ...]] = []  # (samples, *values) of batches not folded
 
@@ -99,14 +102,24 @@ class MetricSums:
     def reduced_sums(self) -> tuple[list[str], list[float]]:
         """The names all ranks agreed on and the summed ``[samples, *sums]`` (a collective).
 
+        One all-reduce when every rank has the names agreed on last time (an epoch like the
+        one before), with a flag in it saying whether one has not; then, or with nothing
+        agreed yet, the ranks agree on the union of their names first (two all-gathers).
+
         Example:
             >>> sums = MetricSums(torch.device("cpu"))
             >>> sums.add({"loss": 1.0}, samples=3)
             >>> sums.reduced_sums()
             (['loss'], [3.0, 3.0])
         """
-        names = agreed_names(self.names)
-        return names, all_reduce_sum(self.aligned(names)).tolist()
+        if self.agreed:  # the same on every rank: every rank takes this branch, or none
+            differs = float(set(self.names) != set(self.agreed))
+            flagged = torch.cat([self.aligned(self.agreed), self._sums.new_tensor([differs])])
+            *totals, others_differ = all_reduce_sum(flagged).tolist()
+            if not others_differ:
+                return list(self.agreed), totals
+        self.agreed = agreed_names(self.names)
+        return list(self.agreed), all_reduce_sum(self.aligned(self.agreed)).tolist()
 
     def aligned(self, names: list[str]) -> torch.Tensor:
         """This rank's sums in the order of ``names`` (zero for names it never saw)."""

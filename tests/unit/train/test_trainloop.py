@@ -115,3 +115,25 @@ def test_the_ddpkit_loggers_level_silences_the_loops_lines(
             assert len(shown) == (0 if silenced else 2 * 4), out  # start-up, 2 step lines, epoch
     finally:
         ddpkit_logger.setLevel(level)
+
+
+def test_an_epoch_that_trains_no_batch_still_ends_with_its_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    ddpkit.init(hang_timeout=0)
+    model = ddpkit.prepare_model(nn.Linear(6, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+    loader = ddpkit.prepare_loader(toy_dataset(), batch_size=8)
+    for epoch in loop.epochs(2):
+        if epoch == 0:
+            loop.add_metrics({"val_loss": 0.5})  # evaluated only, say
+            continue
+        for x, y in loop.batches(loader):
+            loop.backward(F.cross_entropy(model(x), y))
+            loop.optimizer_step(opt)
+    ddpkit.shutdown()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert lines[0] == "epoch 1/2  val_loss 0.5000  (no batch trained)"
+    assert lines[1].startswith("epoch 2/2  loss ") and " s" in lines[1]
+    assert [m["epoch"] for m in loop.history] == [1.0, 2.0]
