@@ -54,7 +54,8 @@ class EpochProgress:
         """The progress of ``epoch``: the one a resume restored when it is that epoch's."""
         if resumed is not None and resumed.epoch == epoch:
             return resumed
-        agreed = resumed.sums.agreed if resumed is not None else None  # metric names, as before
+        # the metric names the ranks agreed on last epoch: not agreed on again unless changed
+        agreed = resumed.sums.agreed if resumed is not None else None
         return cls(epoch, loader, agreed)
 
     def __init__(self, epoch: int, loader: Any, agreed: list[str] | None = None) -> None:
