@@ -86,9 +86,12 @@ class RunObserver:
         self.profiler.step_done(step, self.ranks.latest, collective)
         self.console.step_done(where, metrics)
 
-    def epoch_times(self, loader: Any) -> dict[str, float]:
-        """The epoch's step times and memory, shared by every rank (a collective)."""
-        return self.ranks.epoch_end(loader)
+    def epoch_times(
+        self, loader: Any, carry: torch.Tensor | None = None
+    ) -> tuple[dict[str, float], torch.Tensor | None]:
+        """The epoch's step times and memory, shared by every rank (a collective), and every
+        rank's ``carry`` row gathered in the same collective (the epoch's metric sums)."""
+        return self.ranks.epoch_end(loader, carry)
 
     def epoch_done(self, metrics: dict[str, float], epochs: int, trained: bool) -> None:
         """The epoch's line (with the ranks' times when it ``trained`` batches here)."""

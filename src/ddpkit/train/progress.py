@@ -78,9 +78,10 @@ class EpochProgress:
         """Seconds spent on this epoch's batches, before an interruption included."""
         return self._elapsed_before + (self._ended or time.perf_counter()) - self._started
 
-    def totals(self) -> dict[str, float]:
-        """The epoch's metrics over every rank (a collective) and its training time."""
-        return {**self.sums.reduce(), "time_s": self.elapsed_s}
+    def totals(self, rows: torch.Tensor | None = None) -> dict[str, float]:
+        """The epoch's metrics over every rank (a collective) and its training time;
+        ``rows``: every rank's ``sums.local_row()``, gathered already."""
+        return {**self.sums.reduce(rows), "time_s": self.elapsed_s}
 
     def end(self) -> None:
         """The epoch's batches are done: its clock stops (evaluation is not training time)."""

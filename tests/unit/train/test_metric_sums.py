@@ -1,5 +1,6 @@
-"""An epoch's metric sums: the names agreed on the epoch before cost no agreement (one
-all-reduce carries a flag instead); a changed set of names is agreed on again."""
+"""An epoch's metric sums: the names agreed on the epoch before cost no agreement (a flag in
+the gathered row says whether they changed); a changed set of names is agreed on again; the
+loop's epoch end is one collective, the sums gathered with the step times."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+import ddpkit
+import ddpkit.observe.rankreport as rankreport
 import ddpkit.train.steps as steps
 from ddpkit.train.steps import MetricSums
 
@@ -38,3 +42,43 @@ def test_names_agreed_on_last_epoch_are_not_agreed_on_again(
     fourth = MetricSums(CPU, agreed=third.agreed)  # a name fewer: not reported as 0
     fourth.add({"loss": 1.0}, samples=2)
     assert fourth.reduce() == {"loss": 1.0, "samples": 2.0} and len(gathered) == 3
+
+
+def test_gathered_rows_are_summed_without_another_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sums = MetricSums(CPU, agreed=["loss"])
+    sums.add({"loss": 1.0}, samples=2)
+    monkeypatch.setattr(steps, "all_gather_same", lambda row: pytest.fail("gathered again"))
+    rows = torch.stack([sums.local_row(), torch.tensor([4.0, 2.0, 0.0]).double()])  # 2 ranks
+    assert sums.reduce(rows) == {"loss": 0.6666666666666666, "samples": 6.0}
+
+
+def test_the_loops_epoch_end_is_one_all_gather(monkeypatch: pytest.MonkeyPatch) -> None:
+    ddpkit.init(hang_timeout=0)
+    calls: list[str] = []  # ddpkit's collectives, by the names their callers know them by
+    for module, name in [(steps, "all_gather_same"), (steps, "all_reduce_sum"),
+                         (steps, "all_gather_rows"), (rankreport, "all_gather_same")]:  # fmt: skip
+        real = getattr(module, name)
+
+        def counted(*args: Any, _name: str = name, _real: Any = real) -> Any:
+            calls.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(module, name, counted)
+    model = ddpkit.prepare_model(torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(8, 3), torch.randint(0, 2, (8,)))
+    loader = ddpkit.prepare_loader(data, batch_size=4)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt})
+    between_epochs = []  # the collectives from one epoch's body's end to the next's start
+    for epoch in loop.epochs(4):
+        if epoch:
+            between_epochs.append(list(calls))
+        for x, y in loop.batches(loader):
+            loop.backward(F.cross_entropy(model(x), y))
+            loop.optimizer_step(opt)
+        calls.clear()
+    ddpkit.shutdown()
+    assert between_epochs[0][0] == "all_gather_same"  # then the metric names are agreed on
+    assert between_epochs[1:] == [["all_gather_same"], ["all_gather_same"]]
