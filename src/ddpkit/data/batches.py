@@ -84,6 +84,9 @@ def batch_size_of(batch: Any) -> int:
         ...
         ddpkit.errors.ConfigError: cannot tell the batch size of a dict: it holds no tensor ...
     """
+    first = batch[0] if type(batch) in (tuple, list) and batch else None
+    if isinstance(first, torch.Tensor) and first.dim():  # (inputs, targets): no walk
+        return int(first.shape[0])
     for tensor in tensor_leaves(batch):
         if tensor.dim():
             return int(tensor.shape[0])
@@ -125,6 +128,8 @@ def _map_tensors(
 
     if isinstance(batch, torch.Tensor):
         return fn(batch)
+    if type(batch) in (tuple, list):  # most batches: neither a dataclass nor a namedtuple
+        return type(batch)(map(again, batch))
     if _is_dataclass_instance(batch):
         changes = {
             f.name: again(getattr(batch, f.name)) for f in dataclasses.fields(batch) if f.init

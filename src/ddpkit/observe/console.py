@@ -78,7 +78,7 @@ class Console:
 
     def batch_done(self) -> None:
         """One more batch of the epoch."""
-        if self._bar is not None:
+        if self._bar is not None and not self._bar.disable:
             self._bar.update(1)
 
     def step_done(self, where: Callable[[], str], metrics: Mapping[str, Any]) -> None:

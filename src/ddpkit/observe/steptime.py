@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,10 @@ class Phase(enum.Enum):
     SYNC = "sync"
     OPTIMIZER = "optimizer"
     OTHER = "other"
+
+    # Members are singletons, so identity is a hash; Enum's own __hash__ is Python code,
+    # which the clock's dicts ran a dozen times a step.
+    __hash__ = object.__hash__
 
 
 DEVICE_PHASES = (Phase.COMPUTE, Phase.SYNC, Phase.OPTIMIZER)  # CUDA events time these on GPU
@@ -116,13 +121,14 @@ class StepClock:
         self._host: dict[Phase, float] = dict.fromkeys(Phase, 0.0)
         self._device: dict[Phase, float] = dict.fromkeys(DEVICE_PHASES, 0.0)  # GPU: read
         self._pending: list[tuple[Phase, int, Any, Any]] = []  # GPU: unread intervals
-        self._work: dict[int, float] = {}  # each recent step's own work, by step
+        self._work: deque[float] = deque(maxlen=_STEPS_KEPT)  # each recent step's own work
+        self._step_work = 0.0  # ... and the step in progress's, so far
 
     def enter(self, phase: Phase) -> None:
         """The step moves on to ``phase``; the time since the last move goes to the last."""
         if not self.enabled:
             return
-        now, event = time.perf_counter(), self._record()
+        now, event = time.perf_counter(), self._record() if self._cuda else None
         self._add(self._phase, self._since, now, self._event, event)
         self._phase, self._since, self._event = phase, now, event
         if phase is Phase.COMPUTE:
@@ -135,7 +141,7 @@ class StepClock:
         ready_at, ready_event = self._grads.settle(since=self._since)
         if ready_at is None:
             return  # no gradient hook ran: all of it stays compute
-        now, event = time.perf_counter(), self._record()
+        now, event = time.perf_counter(), self._record() if self._cuda else None
         self._add(Phase.COMPUTE, self._since, ready_at, self._event, ready_event)
         self._add(Phase.SYNC, ready_at, now, ready_event, event)
         self._since, self._event = now, event
@@ -145,6 +151,8 @@ class StepClock:
         if self.enabled:
             self.enter(Phase.OTHER)
             self.steps += 1
+            self._work.append(self._step_work)
+            self._step_work = 0.0
 
     def loading(self, iterator: Iterator[Any]) -> Iterator[Any]:
         """``iterator``'s items, each request timed as data."""
@@ -165,8 +173,7 @@ class StepClock:
         if self._cuda:
             self._read_events()
             timed.update(self._device)
-        done = [self._work.get(step, 0.0) for step in range(self.steps - _STEPS_KEPT, self.steps)
-                if step >= 0]  # fmt: skip
+        done = list(self._work)
         # "inclusive": between the quickest steps; the default extrapolates past the quickest
         # (few, uneven steps: a negative work time, and a straggler "inf% slower").
         quick = (
@@ -186,13 +193,18 @@ class StepClock:
             self._pending.append((phase, self.steps, start_ev, end_ev))
             if len(self._pending) > _MAX_PENDING:  # an epoch without a shared window
                 self._read_events()
-        else:
-            self._add_work(phase, self.steps, end - start)
+        elif phase in WORK:  # host-timed: the step in progress's
+            self._step_work += end - start
 
     def _add_work(self, phase: Phase, step: int, seconds: float) -> None:
-        if phase in WORK:
-            self._work[step] = self._work.get(step, 0.0) + seconds
-            self._work.pop(step - _STEPS_KEPT, None)  # keep the recent steps only
+        if phase not in WORK:
+            return
+        if step == self.steps:  # the step in progress
+            self._step_work += seconds
+            return
+        kept = step - (self.steps - len(self._work))  # a done step's place, if still kept
+        if kept >= 0:
+            self._work[kept] += seconds
 
     def _read_events(self) -> None:
         """Add the recorded GPU intervals to the device times (waits for the last one)."""

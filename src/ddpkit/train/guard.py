@@ -107,10 +107,10 @@ class StepGuard:
         self._losses = None
         if not collective:
             self._skipped_in_loop = True
-            return Verdict(nonfinite=_nonfinite({current_world().rank: code}))
+            return self._own_verdict(code)
         if self.policy == "skip" or self._is_due():
             return self._exchange(code, stop_signal)
-        return Verdict(nonfinite=_nonfinite({current_world().rank: code}))
+        return self._own_verdict(code)
 
     def epoch_end(self, stop_signal: int) -> str | None:
         """At an epoch's end: the stop signal any rank got, when an exchange is due.
@@ -123,6 +123,11 @@ class StepGuard:
         if not self.exchange_stops or not (forced or self._is_due()):
             return None
         return self._exchange(0.0, stop_signal).stop
+
+    @staticmethod
+    def _own_verdict(code: float) -> Verdict:
+        """This rank's losses alone: the shared all-clear when finite (most steps)."""
+        return Verdict(nonfinite=_nonfinite({current_world().rank: code})) if code else _CLEAR
 
     def _is_due(self) -> bool:
         self._waited += 1
@@ -146,6 +151,9 @@ class StepGuard:
         """Step boundaries until the next exchange: about EXCHANGE_EVERY_S at this pace."""
         per_boundary = (time.monotonic() - self._last_exchange) / max(1, self._waited)
         return float(min(_MOST_BOUNDARIES, max(1, int(EXCHANGE_EVERY_S / max(per_boundary, 1e-9)))))
+
+
+_CLEAR = Verdict()  # no rank's loss is NaN/inf and no stop was asked for (read, never changed)
 
 
 def _code(loss_sum: float) -> float:

@@ -55,7 +55,7 @@ class StepMonitor:
         self.check_every = check_replicas_every or from_env
         self.max_steps = positive_int_var(MAX_STEPS_ENV)
         self._events = events
-        self._step = 0
+        self._where_training = "step 0"  # the labels' prefix, made once a step, not per label
 
     def batches(self, loader: Iterable[Any], evaluation: bool = False) -> Iterator[Any]:
         """The loader's batches, each timed by the watchdog from the moment it is requested
@@ -72,12 +72,13 @@ class StepMonitor:
 
     def next_step(self, step: int) -> None:
         """The optimizer step number the next batch belongs to."""
-        self._step = step
+        self._where_training = f"step {step}"
 
     def phase(self, name: str, evaluation: bool = False) -> None:
         """The current batch entered ``name`` (forward, backward, optimizer step)."""
         if self.watchdog is not None:
-            self.watchdog.relabel(f"{self._where(evaluation)}: {name}")
+            where = "evaluation" if evaluation else self._where_training
+            self.watchdog.relabel(f"{where}: {name}")
 
     def batch_done(self) -> None:
         """The current batch is finished (its optimizer step too, if it had one)."""
@@ -118,7 +119,7 @@ class StepMonitor:
             raise divergence.error()
 
     def _where(self, evaluation: bool) -> str:
-        return "evaluation" if evaluation else f"step {self._step}"
+        return "evaluation" if evaluation else self._where_training
 
     def _begin(self, label: str) -> None:
         if self.watchdog is not None:

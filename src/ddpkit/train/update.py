@@ -37,6 +37,8 @@ from ddpkit.train.options import LoopOptions, SchedulerInterval
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.state import RunState
 
+_NOTHING = contextlib.nullcontext()  # it holds no state: one serves every step
+
 
 class Updater:
     """A run's accumulation groups, backward passes and optimizer steps.
@@ -77,7 +79,7 @@ class Updater:
     def gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
         """Around a micro-batch's forward and backward: all-reduce only on its group's last."""
         if self.final:
-            return contextlib.nullcontext()
+            return _NOTHING
         return self.run.strategy.no_sync(self.run.model)
 
     def backward(self, loss: torch.Tensor) -> None:
@@ -89,7 +91,7 @@ class Updater:
         loss = loss / self.group if self.group > 1 else loss
         device = loss.device.type  # leaving autocast costs 2 us a step: only when inside it
         inside = torch.is_autocast_enabled(device)
-        with torch.autocast(device, enabled=False) if inside else contextlib.nullcontext():
+        with torch.autocast(device, enabled=False) if inside else _NOTHING:
             self.precision.backward(loss)
 
     def optimizer_step(
