@@ -1,22 +1,23 @@
-"""TrainLoop against the hand-written DDP loop, in the same workers, epoch after epoch.
+"""TrainLoop against the hand-written DDP loop, in the same workers, step after step.
 
 ``parity.py`` launches each variant afresh, and on this shared 2-core machine one launch
 differs from the next by several percent (the same loop, launched twice, has read 0.95 and
-1.05): far more than a loop's own cost. Here 2 workers train the parity workload's DDP model
-both ways in turn, alternating which goes first each round:
+1.05): far more than a loop's own cost. Epochs of each in turn (this benchmark until
+2026-11-29) still differed by 3-4% between two runs: the machine's load changes within
+seconds. Here 2 workers train the parity workload's DDP model both ways, one step of each
+in turn inside every epoch (which goes first alternates, step by step and round by round):
 
 - ``hand``: the tutorials' loop: a ``DataLoader`` over a ``DistributedSampler``,
-  ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()``;
+  ``set_epoch``, ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()``;
 - ``loop``: ``ddpkit.TrainLoop`` over ``prepare_loader``'s loader (``backward``,
-  ``optimizer_step``): one loop for the run, as a script has, ``hand``'s epoch run inside
-  each of its epochs.
+  ``optimizer_step``): one loop for the run, as a script has.
 
-Each way's batches are timed, and the loop's time also counts its epoch's end (its epoch
-line: the metrics and the ranks' step times gathered, outside the batches). It prints, per
-workload, the median of the rounds' paired ratios (loop / hand), each one's median step
-time, and the fastest of each.
-``--same`` runs the hand-written loop both ways: how far the ratio strays when nothing
-differs, on this machine, that day.
+A hand step is timed from its batch request to its update; the loop's time is the rest of
+the wall time, so it counts everything the loop does, its epoch's end (the epoch line's
+collective) included. It prints, per workload, the median of the rounds' ratios (loop /
+hand, each round one epoch of each) and each one's mean step time. ``--same`` runs the
+hand-written loop both ways, with no TrainLoop: how far the ratio strays when nothing
+differs, on this machine, that day (an A/A run).
 
     .venv/bin/python benchmarks/loop_parity.py --rounds 8      # about 2 minutes
 """
@@ -26,61 +27,105 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from parity import make_data, make_model, plain_step
+from parity import make_data, make_model
 from torch.utils.data import DataLoader, DistributedSampler
 
 import ddpkit
 
-
-def hand_epoch(model: Any, optimizer: Any, loader: DataLoader, epoch: int) -> float:
-    loader.sampler.set_epoch(epoch)  # type: ignore[union-attr]
-    step = plain_step(model, optimizer)
-    start = time.perf_counter()
-    for inputs, targets in loader:
-        step(inputs, targets)
-    return (time.perf_counter() - start) / len(loader)
+Ratios = dict[str, list[float]]
 
 
-def loop_batches(loop: Any, model: Any, optimizer: Any, loader: DataLoader) -> float:
-    start = time.perf_counter()
-    for inputs, targets in loop.batches(loader):
-        loop.backward(F.cross_entropy(model(inputs), targets))
-        loop.optimizer_step(optimizer)
-    return (time.perf_counter() - start) / len(loader)
+class HandSteps:
+    """The tutorials' loop, one step at a time, each step's time added to :attr:`seconds`.
+
+    Its ``zero_grad`` comes after the update, as the loop's does: the other way's step then
+    finds no gradient to add to (one the tutorials' order left would make its backward an
+    accumulation, 0.5 ms more a step on the MLP: measured so until 2026-11-29's fix).
+    """
+
+    def __init__(self, model: Any, optimizer: Any, loader: DataLoader) -> None:
+        self.loader, self.model, self.optimizer = loader, model, optimizer
+        self.seconds, self._batches = 0.0, iter(())
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        F.cross_entropy(self.model(inputs), targets).backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def start_epoch(self, epoch: int) -> None:
+        start = time.perf_counter()
+        self.loader.sampler.set_epoch(epoch)  # type: ignore[union-attr]
+        self._batches = iter(self.loader)
+        self.seconds += time.perf_counter() - start
+
+    def __call__(self) -> None:
+        start = time.perf_counter()
+        inputs, targets = next(self._batches)
+        self.step(inputs, targets)
+        self.seconds += time.perf_counter() - start
 
 
-def worker(cfg: dict[str, Any]) -> dict[str, list[float]]:
+def loop_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps) -> Ratios:
+    """TrainLoop's epochs, a hand step beside each of its steps; round 0 warms up."""
+    loader = ddpkit.prepare_loader(hand.loader.dataset, cfg["batch"])
+    assert len(loader) == len(hand.loader)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    times: Ratios = {"hand": [], "loop": []}
+    began = None
+    for round_ in loop.epochs(cfg["rounds"] + 2):  # the last ends with the run's end: not kept
+        now = time.perf_counter()
+        if began is not None and round_ > 1:
+            times["loop"].append(now - began - hand.seconds)
+            times["hand"].append(hand.seconds)
+        began, hand.seconds = now, 0.0
+        hand.start_epoch(round_)
+        for index, (inputs, targets) in enumerate(loop.batches(loader)):
+            hand_first = (index + round_) % 2 == 0
+            if hand_first:
+                hand()
+            loop.backward(F.cross_entropy(model(inputs), targets))
+            loop.optimizer_step(optimizer)
+            if not hand_first:
+                hand()
+    return times
+
+
+def same_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps) -> Ratios:
+    """The A/A run: two hand-written loops over loaders of their own, step by step."""
+    data = hand.loader.dataset
+    other = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
+                                                   sampler=DistributedSampler(data)))  # fmt: skip
+    times: Ratios = {"hand": [], "loop": []}
+    for round_ in range(cfg["rounds"] + 1):
+        hand.seconds = other.seconds = 0.0
+        hand.start_epoch(round_)
+        other.start_epoch(round_)
+        for index in range(len(hand.loader)):
+            for way in (hand, other) if (index + round_) % 2 == 0 else (other, hand):
+                way()
+        if round_:
+            times["hand"].append(hand.seconds)
+            times["loop"].append(other.seconds)
+    return times
+
+
+def worker(cfg: dict[str, Any]) -> Ratios:
     torch.set_num_threads(cfg["threads"])
     ddpkit.init()
     model = ddpkit.prepare_model(make_model(cfg["workload"]))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = make_data(cfg["workload"], cfg["samples"])
-    hand_loader = DataLoader(data, cfg["batch"], sampler=DistributedSampler(data))
-    loop_loader = ddpkit.prepare_loader(data, cfg["batch"])
-    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
-    ways = {"hand": lambda r: hand_epoch(model, optimizer, hand_loader, r),
-            "loop": lambda r: loop_batches(loop, model, optimizer, loop_loader)}  # fmt: skip
-    if cfg["same"]:  # an A/A run: the hand-written loop both ways, over loaders of its own
-        again = DataLoader(data, cfg["batch"], sampler=DistributedSampler(data))
-        ways["loop"] = lambda r: hand_epoch(model, optimizer, again, r)
-    times: dict[str, list[float]] = {"hand": [], "loop": []}
-    body_ended = None
-    for round_ in loop.epochs(cfg["rounds"] + 1):  # round 0 warms up (DDP's buckets, caches)
-        if round_ > 1 and body_ended is not None:  # the loop's previous epoch end, its line
-            times["loop"][-1] += (time.perf_counter() - body_ended) / len(loop_loader)
-        for name in ("hand", "loop") if round_ % 2 else ("loop", "hand"):
-            seconds = ways[name](round_)
-            if round_:
-                times[name].append(seconds)
-        body_ended = time.perf_counter()
-    if body_ended is not None:
-        times["loop"][-1] += (time.perf_counter() - body_ended) / len(loop_loader)
+    hand = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
+                                                  sampler=DistributedSampler(data)))  # fmt: skip
+    rounds: Callable[..., Ratios] = same_rounds if cfg["same"] else loop_rounds
+    times = rounds(cfg, model, optimizer, hand)
     ddpkit.shutdown()
-    return times
+    return {**times, "steps": [float(len(hand.loader))]}
 
 
 def main() -> None:
@@ -93,18 +138,19 @@ def main() -> None:
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip
     args = parser.parse_args()
-    print(f"2 workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds, each "
-          "way once a round in the same workers, the order alternating")  # fmt: skip
+    print(f"2 workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds of an "
+          "epoch each way, a step of each in turn in the same workers")  # fmt: skip
     for workload in args.workloads.split(","):
         cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
                "batch": args.batch, "samples": args.samples, "same": args.same}  # fmt: skip
         times = ddpkit.spawn(worker, 2, cfg)[0]
         hand, loop = times["hand"], times["loop"]
         ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
+        steps = times["steps"][0]
         print(f"{workload}: TrainLoop / hand-written, median of the rounds' ratios "
-              f"{statistics.median(ratios):.3f} (fastest {min(loop) / min(hand):.3f}); "
-              f"hand {statistics.median(hand) * 1e3:.2f} ms/step, "
-              f"loop {statistics.median(loop) * 1e3:.2f} ms/step")  # fmt: skip
+              f"{statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, highest "
+              f"{max(ratios):.3f}); hand {statistics.mean(hand) / steps * 1e3:.2f} ms/step, "
+              f"loop {statistics.mean(loop) / steps * 1e3:.2f} ms/step")  # fmt: skip
 
 
 if __name__ == "__main__":
