@@ -99,7 +99,7 @@ def same_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
     """The A/A run: two hand-written loops over loaders of their own, step by step."""
     data = hand.loader.dataset
     other = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
-                                                   sampler=DistributedSampler(data)))  # fmt: skip
+                                                   sampler=shard(data)))  # fmt: skip
     times: Ratios = {"hand": [], "loop": []}
     for round_ in range(cfg["rounds"] + 1):
         hand.seconds = other.seconds = 0.0
@@ -114,6 +114,12 @@ def same_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
     return times
 
 
+def shard(data: Any) -> DistributedSampler:
+    """The tutorials' sampler; the world given, as a world of one has no process group."""
+    world = ddpkit.current_world()
+    return DistributedSampler(data, num_replicas=world.world_size, rank=world.rank)
+
+
 def worker(cfg: dict[str, Any]) -> Ratios:
     torch.set_num_threads(cfg["threads"])
     ddpkit.init()
@@ -121,7 +127,7 @@ def worker(cfg: dict[str, Any]) -> Ratios:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = make_data(cfg["workload"], cfg["samples"])
     hand = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
-                                                  sampler=DistributedSampler(data)))  # fmt: skip
+                                                  sampler=shard(data)))  # fmt: skip
     rounds: Callable[..., Ratios] = same_rounds if cfg["same"] else loop_rounds
     times = rounds(cfg, model, optimizer, hand)
     ddpkit.shutdown()
@@ -132,18 +138,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8, help="epochs of each, alternating")
     parser.add_argument("--workloads", default="cnn,mlp")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="1: the loops' own costs alone, without the gradient all-reduce")  # fmt: skip
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--same", action="store_true",
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip
     args = parser.parse_args()
-    print(f"2 workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds of an "
+    print(f"{args.workers} workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds of an "
           "epoch each way, a step of each in turn in the same workers")  # fmt: skip
     for workload in args.workloads.split(","):
         cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
                "batch": args.batch, "samples": args.samples, "same": args.same}  # fmt: skip
-        times = ddpkit.spawn(worker, 2, cfg)[0]
+        times = ddpkit.spawn(worker, args.workers, cfg)[0]
         hand, loop = times["hand"], times["loop"]
         ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
         steps = times["steps"][0]

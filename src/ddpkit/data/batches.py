@@ -58,6 +58,8 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
         ('cpu', torch.Size([2]))
     """
     target = torch.device(device)
+    if target.type == "cpu":  # a CPU tensor stays as it is: no call per tensor (most batches)
+        return _map_tensors(batch, lambda t: t if t.is_cpu else t.to(target), target)
     return _map_tensors(batch, lambda t: t.to(target, non_blocking=True), target)
 
 

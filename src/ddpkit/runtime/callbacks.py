@@ -216,9 +216,10 @@ class Events:
         callbacks = self._listening.get(hook)
         if callbacks is None:  # the same for the whole run: found once
             callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
-        registered = registered_callbacks()  # usually none: nothing to look at per batch
-        if registered:
-            callbacks = callbacks + _listeners(registered, hook)
+        if _registered:  # usually none: nothing more to look at per batch
+            callbacks = callbacks + _listeners(registered_callbacks(), hook)
+        if not callbacks:
+            return []
         return [getattr(callback, hook)(self.owner, *args) for callback in callbacks]
 
 
