@@ -139,15 +139,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="epochs of each, alternating")
     parser.add_argument("--workloads", default="cnn,mlp")
     parser.add_argument("--workers", type=int, default=2,
-                        help="1: the loops' own costs alone, without the gradient all-reduce")  # fmt: skip
+                        help="1: the loops' own costs, no gradient all-reduce")  # fmt: skip
     parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--same", action="store_true",
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip
     args = parser.parse_args()
-    print(f"{args.workers} workers x 1 thread, batch {args.batch} per worker, {args.rounds} rounds of an "
-          "epoch each way, a step of each in turn in the same workers")  # fmt: skip
+    print(f"{args.workers} workers x 1 thread, batch {args.batch} per worker, {args.rounds} "
+          "rounds of an epoch each way, a step of each in turn in the same workers")  # fmt: skip
     for workload in args.workloads.split(","):
         cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
                "batch": args.batch, "samples": args.samples, "same": args.same}  # fmt: skip
