@@ -164,10 +164,11 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         """How many samples this rank reads from :meth:`start_at`'s position to the end."""
         return len(self._dealt())
 
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._dealt())
+    def __iter__(self) -> Iterator[SampleIndex]:
+        return sample_indices(self._dealt(), self.epoch, self.seed)
 
-    def _dealt(self) -> list[SampleIndex]:
+    def _dealt(self) -> list[int]:
+        """This rank's share of the epoch from :meth:`start_at`'s position on."""
         order = self._epoch_order()
         left = len(order) - self.start
         if left <= 0:
@@ -177,7 +178,7 @@ class ResumableDistributedSampler(DistributedSampler[Any]):
         else:  # padded from the epoch's head, as DistributedSampler pads
             padding = itertools.islice(itertools.cycle(order), -left % self.num_replicas)
             rest = order[self.start :] + list(padding)
-        return sample_indices(rest[self.rank :: self.num_replicas], self.epoch, self.seed)
+        return rest[self.rank :: self.num_replicas]
 
     def _epoch_order(self) -> list[int]:
         """DistributedSampler's order of the whole epoch, before padding."""

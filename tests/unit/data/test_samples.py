@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import ddpkit
 from ddpkit.data.loader import GlobalOrderSampler, ResumableDistributedSampler
@@ -61,10 +62,21 @@ def test_a_plain_index_is_refused_with_the_fix() -> None:
 
 
 def test_an_epochs_indices_carry_its_epoch_and_seed_through_a_pickle() -> None:
-    dealt = sample_indices([5, 1], epoch=3, seed=7)
+    dealt = list(sample_indices([5, 1], epoch=3, seed=7))
     assert dealt == [5, 1] and all(isinstance(i, SampleIndex) for i in dealt)
     back = pickle.loads(pickle.dumps(dealt))  # to DataLoader workers and back
     assert [(int(i), i.epoch, i.seed) for i in back] == [(5, 3, 7), (1, 3, 7)]
-    other = sample_indices([5], epoch=4, seed=7)[0]
+    other = next(sample_indices([5], epoch=4, seed=7))
     assert other == dealt[0] and sample_seed(other) != sample_seed(dealt[0])
     assert SampleIndex(5, 3, 7).epoch == 3 and type(SampleIndex(5, 3, 7)) is type(dealt[0])
+
+
+def test_an_epochs_indices_are_made_as_they_are_read_not_kept_all_at_once() -> None:
+    # Each is an object the cyclic collector tracks: a list of an epoch's set off its passes.
+    ddpkit.init()
+    sampler = ddpkit.prepare_loader(TensorDataset(torch.zeros(20_000)), batch_size=8).sampler
+    reading = iter(sampler)
+    first = next(reading)
+    alive = sum(isinstance(o, SampleIndex) for o in gc.get_objects())
+    ddpkit.shutdown()
+    assert isinstance(first, SampleIndex) and alive < 100, alive
