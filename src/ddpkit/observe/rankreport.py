@@ -76,25 +76,23 @@ class RankReport:
         """:meth:`share`, the all-gather also carrying ``carry`` (a row of float64 numbers,
         the same length on every rank): every rank's, by rank, come back with the times. One
         collective where two would be (0.3-1 ms each on gloo); none when there is nothing."""
+        if not self.clock.enabled:
+            return None, (all_gather_same(carry.cpu()) if carry is not None else None)
+        own = [*times_row(self.clock.totals(), peak_memory_bytes(self.world.device)), float(asks)]
+        extra = carry.cpu() if carry is not None else torch.zeros(0, dtype=torch.float64)
+        gathered = all_gather_same(torch.cat([torch.tensor(own, dtype=torch.float64), extra]))
+        carried = gathered[:, len(own) :] if carry is not None else None
+        return self._take(gathered[:, : len(own)].tolist(), loader), carried
+
+    def _take(self, rows: list[list[float]], loader: Any) -> RankTimes:
+        """Every rank's shared row (its times, then whether it asks for a profile)."""
         global _warm
-        timing = self.clock.enabled
-        if not timing and carry is None:
-            return None, None
-        own = times_row(self.clock.totals(), peak_memory_bytes(self.world.device)) if timing else []
-        extra = carry if carry is not None else torch.zeros(0, dtype=torch.float64)
-        local = torch.cat([torch.tensor([*own, float(asks)], dtype=torch.float64), extra.cpu()])
-        gathered = all_gather_same(local)
-        width = len(own) + 1
-        carried = gathered[:, width:] if carry is not None else None
-        if not timing:
-            return None, carried
-        rows = gathered[:, :width].tolist()
         self.asked = any(shared[-1] for shared in rows)
         self.latest = RankTimes.from_rows([shared[:-1] for shared in rows], self._gather_hosts())
         if is_main():
             self._say(self.latest, loader, judge_ranks=_warm)
         _warm = True
-        return self.latest, carried
+        return self.latest
 
     def epoch_end(
         self, loader: Any, carry: torch.Tensor | None = None

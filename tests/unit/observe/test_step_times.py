@@ -358,3 +358,15 @@ def test_a_memory_outlier_is_said_once_per_rank_whatever_its_peak(said: Said) ->
     epochs = [[w for w in said(epoch_rows(peaks=p)) if w.startswith("memory:")] for p in peaks]
     who = [[line.split(" peaks")[0] for line in lines] for lines in epochs]
     assert who == [["memory: rank 1"], [], ["memory: rank 2"], [], []]
+
+
+def test_a_carried_row_comes_back_with_the_times_and_without_them() -> None:
+    ddpkit.init()
+    report = RankReport(StepClock([], torch.device("cpu")))
+    carry = torch.tensor([2.0, 5.0], dtype=torch.float64)
+    times, carried = report.share_carrying(Loader(), carry)
+    report.clock.enabled = False  # the times off: the row still travels, alone
+    no_times, alone = report.share_carrying(Loader(), carry)
+    ddpkit.shutdown()
+    assert times is not None and carried is not None and carried.tolist() == [[2.0, 5.0]]
+    assert no_times is None and alone is not None and alone.tolist() == [[2.0, 5.0]]
