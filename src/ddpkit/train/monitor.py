@@ -77,8 +77,7 @@ class StepMonitor:
     def phase(self, name: str, evaluation: bool = False) -> None:
         """The current batch entered ``name`` (forward, backward, optimizer step)."""
         if self.watchdog is not None:
-            where = "evaluation" if evaluation else self._where_training
-            self.watchdog.relabel(f"{where}: {name}")
+            self.watchdog.relabel(f"{self._where(evaluation)}: {name}")
 
     def batch_done(self) -> None:
         """The current batch is finished (its optimizer step too, if it had one)."""
