@@ -5,15 +5,20 @@ differs from the next by several percent (the same loop, launched twice, has rea
 1.05): far more than a loop's own cost. Epochs of each in turn (this benchmark until
 2026-11-29) still differed by 3-4% between two runs: the machine's load changes within
 seconds. Here 2 workers train the parity workload's DDP model both ways, one step of each
-in turn inside every epoch (which goes first alternates, step by step and round by round):
+in turn inside every epoch:
 
 - ``hand``: the tutorials' loop: a ``DataLoader`` over a ``DistributedSampler``,
   ``set_epoch``, ``zero_grad``, forward, ``loss.backward()``, ``optimizer.step()``;
 - ``loop``: ``ddpkit.TrainLoop`` over ``prepare_loader``'s loader (``backward``,
   ``optimizer_step``): one loop for the run, as a script has.
 
-A hand step is timed from its batch request to its update; the loop's time is the rest of
-the wall time, so it counts everything the loop does, its epoch's end (the epoch line's
+Each way fetches its next batch at the end of its step, as a ``for`` loop does, and the
+two take turns strictly (hand, loop, hand, loop...): each way's fetch then follows its own
+step, its code as cold as in a run of its own. (Until 2026-11-29 the order alternated step
+by step: half the hand's fetches then ran right after the loop's fetch of the same code,
+with its caches warm: 270 us a fetch against the loop's 360, 1.3% of an MLP step.)
+A hand step is timed from its update to its next batch; the loop's time is the rest of the
+wall time, so it counts everything the loop does, its epoch's end (the epoch line's
 collective) included. It prints, per workload, the median of the rounds' ratios (loop /
 hand, each round one epoch of each) and each one's mean step time. ``--same`` runs the
 hand-written loop both ways, with no TrainLoop: how far the ratio strays when nothing
@@ -50,7 +55,7 @@ class HandSteps:
 
     def __init__(self, model: Any, optimizer: Any, loader: DataLoader) -> None:
         self.loader, self.model, self.optimizer = loader, model, optimizer
-        self.seconds, self._batches = 0.0, iter(())
+        self.seconds, self._batches, self._next = 0.0, iter(()), None
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         F.cross_entropy(self.model(inputs), targets).backward()
@@ -61,12 +66,15 @@ class HandSteps:
         start = time.perf_counter()
         self.loader.sampler.set_epoch(epoch)  # type: ignore[union-attr]
         self._batches = iter(self.loader)
+        self._next = next(self._batches)
         self.seconds += time.perf_counter() - start
 
     def __call__(self) -> None:
+        """One step on the batch fetched last, then the next batch (None: the epoch ends)."""
         start = time.perf_counter()
-        inputs, targets = next(self._batches)
+        inputs, targets = self._next
         self.step(inputs, targets)
+        self._next = next(self._batches, None)
         self.seconds += time.perf_counter() - start
 
 
@@ -84,14 +92,10 @@ def loop_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
             times["hand"].append(hand.seconds)
         began, hand.seconds = now, 0.0
         hand.start_epoch(round_)
-        for index, (inputs, targets) in enumerate(loop.batches(loader)):
-            hand_first = (index + round_) % 2 == 0
-            if hand_first:
-                hand()
+        for inputs, targets in loop.batches(loader):
+            hand()
             loop.backward(F.cross_entropy(model(inputs), targets))
             loop.optimizer_step(optimizer)
-            if not hand_first:
-                hand()
     return times
 
 
@@ -105,9 +109,9 @@ def same_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
         hand.seconds = other.seconds = 0.0
         hand.start_epoch(round_)
         other.start_epoch(round_)
-        for index in range(len(hand.loader)):
-            for way in (hand, other) if (index + round_) % 2 == 0 else (other, hand):
-                way()
+        for _ in range(len(hand.loader)):
+            hand()
+            other()
         if round_:
             times["hand"].append(hand.seconds)
             times["loop"].append(other.seconds)
