@@ -58,7 +58,13 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
         ('cpu', torch.Size([2]))
     """
     target = torch.device(device)
-    if target.type == "cpu":  # a CPU tensor stays as it is: no call per tensor (most batches)
+    if type(batch) in (tuple, list):  # most batches: already there is one look, no call
+        for item in batch:
+            if type(item) is not torch.Tensor or item.device != target:
+                break
+        else:
+            return batch if type(batch) is tuple else list(batch)
+    if target.type == "cpu":  # a CPU tensor stays as it is: no call per tensor
         return _map_tensors(batch, lambda t: t if t.is_cpu else t.to(target), target)
     return _map_tensors(batch, lambda t: t.to(target, non_blocking=True), target)
 

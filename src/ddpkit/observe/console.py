@@ -84,7 +84,8 @@ class Console:
     def step_done(self, where: Callable[[], str], metrics: Mapping[str, Any]) -> None:
         """After an optimizer step; ``where()`` says where (``epoch 1/3  batch 2/5``) when a
         line is due, every ``log_every`` steps of the epoch, with rank 0's step ``metrics``."""
-        self._show_on_bar(metrics)
+        if self._bar is not None and not self._bar.disable:
+            self._show_on_bar(metrics)
         self._steps += 1
         self._in_epoch += 1
         if not self.log_every or self._in_epoch % self.log_every or not is_main():

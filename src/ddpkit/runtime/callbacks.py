@@ -218,6 +218,8 @@ class Events:
             callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
         if _registered:  # usually none: nothing more to look at per batch
             callbacks = callbacks + _listeners(registered_callbacks(), hook)
+        if not callbacks:  # most hooks, every batch: no comprehension's frame to run
+            return []
         return [getattr(callback, hook)(self.owner, *args) for callback in callbacks]
 
 

@@ -1,19 +1,19 @@
 """Hang watchdog: a stuck step or collective ends the job with a report, not a long silence.
 
-Each rank runs one daemon thread. The training thread marks what it is doing (a Trainer step
-and its phase, a ddpkit collective, any block under :func:`watch`), which costs an attribute
-write. When one activity outlasts the hang timeout, the rank that noticed raises an alarm in
-the job's rendezvous store; every rank whose watchdog can still run answers with its state
+Each rank runs one daemon thread. The training thread marks what it is doing (a Trainer
+step and its phase, a ddpkit collective, any block under :func:`watch`): an attribute write.
+When one activity outlasts the hang timeout, the rank that noticed raises an alarm in the
+job's rendezvous store; every rank whose watchdog can still run answers with its state
 (activity, for how long, progress, Python stack). The first rank to notice prints one report
-naming the ranks that never reached the call the others wait in (see
-:mod:`ddpkit.runtime.hangreport`), every rank dumps its threads' stacks with faulthandler, and all
-exit with :data:`HANG_EXIT_CODE`: the launcher stops the job instead of gloo waiting 30
-minutes. A rank frozen in native code with the GIL held cannot answer; faulthandler's own
+naming the ranks that never reached the call the others wait in
+(:mod:`ddpkit.runtime.hangreport`), every rank dumps its threads' stacks with faulthandler,
+and all exit with :data:`HANG_EXIT_CODE`: the launcher stops the job instead of gloo waiting
+30 minutes. A rank frozen in native code with the GIL held cannot answer; faulthandler's
 timer, which needs no Python thread, dumps its stacks and ends it a little later.
 
-The timeout applies to one step (data loading, forward, backward, optimizer) or one
-collective; it is generous by default (600 s, NCCL's own default) and set by
-``ddpkit.init(hang_timeout=S)`` or ``ddpkit run --hang-timeout S``; 0 turns the watchdog off.
+The timeout applies to one step (data loading, forward, backward, optimizer) or collective;
+it is 600 s by default (NCCL's), set by ``ddpkit.init(hang_timeout=S)`` or ``ddpkit run
+--hang-timeout S``; 0 turns the watchdog off.
 
 Example:
     >>> with watch("loading the vocabulary"):   # no watchdog running: a no-op
@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch._C._distributed_c10d import PrefixStore, Store
 
@@ -55,9 +55,9 @@ _active: Watchdog | None = None
 _job_store: Store | None = None  # the job's store, for other waits that watch a peer
 
 
-class _Activity(NamedTuple):  # a tuple: made 4 times a step, in a fifth of a dataclass's time
-    label: str
-    started: float  # time.monotonic()
+# (label, time.monotonic() at its start), replaced whole: the watchdog's thread reads both
+# together. A plain tuple: a NamedTuple's constructor is Python code, run 4 times a step.
+_Activity = tuple[str, float]
 
 
 class Watchdog:
@@ -92,7 +92,7 @@ class Watchdog:
         """Start timing ``label``; returns the enclosing activity for :meth:`end`."""
         previous = self._activity
         self.progress += 1
-        self._activity = _Activity(label, time.monotonic())
+        self._activity = (label, time.monotonic())
         return previous
 
     def relabel(self, label: str) -> None:
@@ -100,20 +100,20 @@ class Watchdog:
         current = self._activity
         self.progress += 1
         if current is not None:
-            self._activity = _Activity(label, current.started)
+            self._activity = (label, current[1])
 
     def end(self, previous: _Activity | None) -> None:
         """The current activity finished; the enclosing one (if any) resumes."""
         if self._activity is not None:
-            self._last = self._activity.label
+            self._last = self._activity[0]
         self._activity = previous
 
     def state(self) -> State:
         """What this rank is doing now, as the report shows it (plain JSON data)."""
         activity, now = self._activity, time.monotonic()
         return {
-            "doing": activity.label if activity else None,
-            "for_s": round(now - activity.started, 1) if activity else None,
+            "doing": activity[0] if activity else None,
+            "for_s": round(now - activity[1], 1) if activity else None,
             "last": self._last,
             "progress": self.progress,
             "host": socket.gethostname(),
@@ -166,7 +166,7 @@ class Watchdog:
             self._answer()
             return
         activity = self._activity
-        if activity is not None and time.monotonic() - activity.started > self.timeout_s:
+        if activity is not None and time.monotonic() - activity[1] > self.timeout_s:
             self._report_hang()
             return
         limit = self.timeout_s + self.grace_s + _BACKSTOP_MARGIN_S
@@ -385,7 +385,7 @@ def _arm_backstop(activity: _Activity | None, limit_s: float) -> bool:
         if activity is None:
             faulthandler.cancel_dump_traceback_later()
             return False
-        left = limit_s - (time.monotonic() - activity.started)
+        left = limit_s - (time.monotonic() - activity[1])
         faulthandler.dump_traceback_later(max(left, 1.0), exit=True, file=_STDERR_FD)
         return True
     except (ValueError, OSError, RuntimeError, AttributeError):

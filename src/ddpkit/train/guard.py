@@ -103,14 +103,15 @@ class StepGuard:
         ``stop_signal`` is the number of the signal this rank was asked to stop by (0:
         none). Without ``collective`` (uneven batches) nothing is exchanged.
         """
-        code = _code(float(self._losses.item())) if self._losses is not None else 0.0
-        self._losses = None
+        losses, self._losses = self._losses, None
+        value = losses.item() if losses is not None else 0.0
+        code = 0.0 if value - value == 0.0 else _code(value)  # finite (most steps): no call
         if not collective:
             self._skipped_in_loop = True
             return self._own_verdict(code)
         if self.policy == "skip" or self._is_due():
             return self._exchange(code, stop_signal)
-        return self._own_verdict(code)
+        return self._own_verdict(code) if code else _CLEAR
 
     def epoch_end(self, stop_signal: int) -> str | None:
         """At an epoch's end: the stop signal any rank got, when an exchange is due.
@@ -124,14 +125,14 @@ class StepGuard:
             return None
         return self._exchange(0.0, stop_signal).stop
 
+    def _is_due(self) -> bool:
+        self._waited += 1
+        return self.exchange_stops and self._waited >= self._due
+
     @staticmethod
     def _own_verdict(code: float) -> Verdict:
         """This rank's losses alone: the shared all-clear when finite (most steps)."""
         return Verdict(nonfinite=_nonfinite({current_world().rank: code})) if code else _CLEAR
-
-    def _is_due(self) -> bool:
-        self._waited += 1
-        return self.exchange_stops and self._waited >= self._due
 
     def _exchange(self, code: float, stop_signal: int) -> Verdict:
         """One all-reduce (max): each rank's loss code, the stop signal, rank 0's schedule."""
@@ -221,8 +222,10 @@ def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManag
         >>> join_unless(True, torch.nn.Linear(1, 1))  # doctest: +ELLIPSIS
         <contextlib.nullcontext object at ...>
     """
+    if even:  # most epochs: the ranks meet at every batch, nothing to join
+        return contextlib.nullcontext()
     strategy = strategy_of(model)
-    if not even and strategy.uneven_batches == "join":
+    if strategy.uneven_batches == "join":
         return strategy.join(model)
     return contextlib.nullcontext()  # no collectives inside the loop: nothing can hang
 

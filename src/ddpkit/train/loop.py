@@ -38,7 +38,7 @@ from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, record_training_start
 from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
-from ddpkit.train.monitor import StepMonitor, backward_label
+from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.progress import EpochProgress, say_already_trained
@@ -178,7 +178,31 @@ class TrainLoop:
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """This epoch's batches of ``loader``, on the rank's device; a resumed epoch starts
-        after the batches it had done. Call it inside ``for epoch in loop.epochs(N)``."""
+        after the batches it had done. Call it inside ``for epoch in loop.epochs(N)``.
+
+        Each call on this per-batch path costs a batch about a microsecond (cold caches)."""
+        progress, iterator, total = self._open_epoch(loader)
+        updater = self.updater
+        with join_unless(self._even, self.run.model), self.monitor.ending():
+            fetched = self.monitor.batches(iterator, clock=self.clock)
+            for index, batch in enumerate(fetched, start=progress.batches):
+                # A stream has no total; its loader tells, one step ahead, when it ends.
+                last = index + 1 == total or bool(getattr(iterator, "last", False))
+                self.events.call("on_train_batch_start", batch)
+                updater.begin(index, total, last)
+                on_device = to_device(batch, self.world.device)
+                self.monitor.phase("the loop body")
+                self.clock.enter(Phase.COMPUTE)
+                if updater.final:  # the group's last batch (most): no context to enter
+                    yield on_device
+                else:
+                    with updater.gradient_sync():
+                        yield on_device
+                self._end_batch(progress, batch, index, last)
+        progress.end()
+
+    def _open_epoch(self, loader: Iterable[Any]) -> tuple[EpochProgress, Iterator[Any], int | None]:
+        """The epoch's progress, its batches from where it stands, and how many it has."""
         if self._epoch_running is None:
             raise ConfigError(
                 "TrainLoop.batches(loader) runs inside 'for epoch in loop.epochs(N):'"
@@ -189,20 +213,7 @@ class TrainLoop:
         iterator = progress.batches_from(loader)  # tells the sampler the epoch
         total = batches_in(loader)
         self._begin_epoch(loader, total, progress)
-        with join_unless(self._even, self.run.model), self.monitor.ending():
-            fetched = self.monitor.batches(self.clock.loading(iterator))
-            for index, batch in enumerate(fetched, start=progress.batches):
-                # A stream has no total; its loader tells, one step ahead, when it ends.
-                last = index + 1 == total or bool(getattr(iterator, "last", False))
-                self.events.call("on_train_batch_start", batch)
-                self.updater.begin(index, total, last)
-                on_device = to_device(batch, self.world.device)
-                self.monitor.phase("the loop body")
-                self.clock.enter(Phase.COMPUTE)
-                with self.updater.gradient_sync():
-                    yield on_device
-                self._end_batch(progress, batch, index, last)
-        progress.end()
+        return progress, iterator, total
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context your forward pass and loss run under (the run's ``precision``)."""
@@ -211,7 +222,7 @@ class TrainLoop:
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the NaN/inf check, the accumulation group's share and
         fp16's loss scaling; use it instead of ``loss.backward()``."""
-        self.monitor.phase(backward_label(self.updater.final, self.world.world_size))
+        self.monitor.backward(self.updater.final)
         self.updater.backward(loss)
         self.clock.backward_done()
         if self._progress is not None:
@@ -224,7 +235,8 @@ class TrainLoop:
         self.monitor.phase("optimizer step")
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
-        self.updater.optimizer_step(chosen, self._even, self._stop_signal())
+        signal = self._signals.signum if self._signals is not None else 0  # inline: a call
+        self.updater.optimizer_step(chosen, self._even, signal)
 
     def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
         """This batch's metrics (each a mean over ``samples``, default the batch's size) for

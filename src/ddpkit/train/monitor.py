@@ -26,9 +26,11 @@ from torch import nn
 
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import CHECK_REPLICAS_ENV, MAX_STEPS_ENV
+from ddpkit.observe.steptime import Phase, StepClock
 from ddpkit.parallel.replicas import check_replicable, check_replicas
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.callbacks import Events
+from ddpkit.runtime.session import world_or_none
 from ddpkit.runtime.watchdog import current_watchdog
 from ddpkit.train.stop import Stop, StopKind
 
@@ -56,16 +58,29 @@ class StepMonitor:
         self.max_steps = positive_int_var(MAX_STEPS_ENV)
         self._events = events
         self._where_training = "step 0"  # the labels' prefix, made once a step, not per label
+        world = world_or_none()  # labels only: a monitor made outside a run has a world of 1
+        size = world.world_size if world is not None else 1
+        self._backward_labels = (backward_label(False, size), backward_label(True, size))
 
-    def batches(self, loader: Iterable[Any], evaluation: bool = False) -> Iterator[Any]:
+    def batches(
+        self, loader: Iterable[Any], evaluation: bool = False, clock: StepClock | None = None
+    ) -> Iterator[Any]:
         """The loader's batches, each timed by the watchdog from the moment it is requested
-        (the last one is ended by :meth:`ending`)."""
-        iterator = iter(loader)
+        (the last one is ended by :meth:`ending`), and by ``clock`` as data. One generator
+        for both: each layer between the loader and the loop is a resumption per batch."""
+        iterator, watchdog = iter(loader), self.watchdog
         while True:
-            self._begin(f"{self._where(evaluation)}: loading the batch")
+            if watchdog is not None:
+                watchdog.end(None)
+                where = "evaluation" if evaluation else self._where_training
+                watchdog.begin(f"{where}: loading the batch")
+            if clock is not None:
+                clock.enter(Phase.DATA)
             try:
                 batch = next(iterator)
             except StopIteration:
+                if clock is not None:
+                    clock.enter(Phase.OTHER)
                 self.batch_done()
                 return
             yield batch
@@ -76,8 +91,14 @@ class StepMonitor:
 
     def phase(self, name: str, evaluation: bool = False) -> None:
         """The current batch entered ``name`` (forward, backward, optimizer step)."""
+        if self.watchdog is not None:  # training's prefix inline: a label a phase
+            where = "evaluation" if evaluation else self._where_training
+            self.watchdog.relabel(f"{where}: {name}")
+
+    def backward(self, final: bool) -> None:
+        """The current batch entered its backward pass (the group's ``final``: it syncs)."""
         if self.watchdog is not None:
-            self.watchdog.relabel(f"{self._where(evaluation)}: {name}")
+            self.watchdog.relabel(f"{self._where_training}: {self._backward_labels[final]}")
 
     def batch_done(self) -> None:
         """The current batch is finished (its optimizer step too, if it had one)."""
@@ -116,14 +137,6 @@ class StepMonitor:
         reported = self._events.call("on_replicas_checked", step, found)
         if divergence is not None and not any(reported):
             raise divergence.error()
-
-    def _where(self, evaluation: bool) -> str:
-        return "evaluation" if evaluation else self._where_training
-
-    def _begin(self, label: str) -> None:
-        if self.watchdog is not None:
-            self.watchdog.end(None)
-            self.watchdog.begin(label)
 
 
 def backward_label(final: bool, world_size: int) -> str:

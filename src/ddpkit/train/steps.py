@@ -73,10 +73,13 @@ class MetricSums:
             >>> sums.sums.tolist()  # samples, loss * samples
             [4.0, 1.0]
         """
-        if list(values) != self.names:
+        count = float(samples) if type(samples) is int else _one_number(samples)
+        if list(values) == self.names:  # the names as last time (most steps): in order
+            self._pending.append((count, *map(_one_number, values.values())))
+        else:
             self._make_room(values)
-        row = [_one_number(values.get(name, 0.0)) for name in self.names]
-        self._pending.append((_one_number(samples), *row))
+            row = [_one_number(values.get(name, 0.0)) for name in self.names]
+            self._pending.append((count, *row))
         if len(self._pending) >= _FOLD_EVERY:
             self._fold()
 

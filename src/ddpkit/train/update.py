@@ -90,8 +90,10 @@ class Updater:
         loss = loss * weight if weight != 1.0 else loss
         loss = loss / self.group if self.group > 1 else loss
         device = loss.device.type  # leaving autocast costs 2 us a step: only when inside it
-        inside = torch.is_autocast_enabled(device)
-        with torch.autocast(device, enabled=False) if inside else _NOTHING:
+        if not torch.is_autocast_enabled(device):
+            self.precision.backward(loss)
+            return
+        with torch.autocast(device, enabled=False):
             self.precision.backward(loss)
 
     def optimizer_step(

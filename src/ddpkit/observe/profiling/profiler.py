@@ -118,7 +118,12 @@ class RankProfiler:
             recorder.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
         if self._window is not None and step >= self._window.last:
             self._finish(self._window)
-        elif self._window is None and collective and self._opens_after(step):
+        elif (
+            self.spec is not None
+            and self._window is None
+            and collective
+            and self._opens_after(step)
+        ):
             assert self.spec is not None
             self._start(self.spec, latest)
 

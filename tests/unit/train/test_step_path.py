@@ -1,0 +1,71 @@
+"""The per-batch path stays straight: a step of TrainLoop calls few Python functions of its own.
+
+With the caches a real model's step leaves cold, each Python call on the loop's path costs
+the step about a microsecond (benchmarks/loop_parity.py). A count, unlike a time, does not
+depend on the machine's load: it fails when a layer, a context manager or a per-step
+object construction is added to the path, and names what was called.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import ddpkit
+
+# Everything that watches the step (clock, hang watchdog, guard, metric sums, console) is on.
+# 54 on 2026-11-29, where it was 91: a generator layer, null contexts entered, a NamedTuple
+# per phase label, a comprehension per hook with no listener, a helper per tensor moved.
+MOST_CALLS_PER_STEP = 55
+
+
+def ddpkit_calls_in_one_step() -> Counter[str]:
+    """ddpkit's Python functions, and those it calls itself (the standard library's),
+    run in one step of a TrainLoop, from one optimizer step's end to the next's."""
+    ddpkit.init(seed=0)  # the hang watchdog on, as by default
+    model = ddpkit.prepare_model(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    loader = ddpkit.prepare_loader(data, batch_size=8)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    calls: Counter[str] = Counter()
+
+    def count(frame: FrameType, event: str, _arg: Any) -> None:
+        code, caller = frame.f_code, frame.f_back
+        called_by_ddpkit = caller is not None and _is_ddpkit(caller.f_code.co_filename)
+        torch_itself = "/torch/" in code.co_filename.replace("\\", "/")  # the step's work
+        if (
+            event == "call"
+            and not torch_itself
+            and (_is_ddpkit(code.co_filename) or called_by_ddpkit)
+        ):
+            calls[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
+
+    for epoch in loop.epochs(2):  # the second epoch: nothing is done for the first time
+        for index, (inputs, targets) in enumerate(loop.batches(loader)):
+            loop.backward(F.cross_entropy(model(inputs), targets))
+            loop.optimizer_step(optimizer)
+            if epoch == 1 and index == 3:
+                sys.setprofile(None)
+            if epoch == 1 and index == 2:
+                sys.setprofile(count)
+    ddpkit.shutdown()
+    return calls
+
+
+def _is_ddpkit(filename: str) -> bool:
+    return f"{ddpkit.__name__}/" in filename.replace("\\", "/")
+
+
+def test_a_step_calls_few_functions_of_ddpkit() -> None:
+    calls = ddpkit_calls_in_one_step()
+    total = sum(calls.values())
+    listed = ", ".join(f"{name} x{n}" for name, n in calls.most_common())
+    assert total <= MOST_CALLS_PER_STEP, f"{total} calls in one step: {listed}"
+    assert not any("contextlib" in name for name in calls), listed
+    assert total > 20, listed  # the count saw the step (its backward, its optimizer step)
