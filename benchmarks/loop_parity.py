@@ -30,19 +30,49 @@ differs, on this machine, that day (an A/A run).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from parity import make_data, make_model
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import ddpkit
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from gpt import GPT, GPTConfig, load_text  # examples/ is no package
+
 Ratios = dict[str, list[float]]
+LossOf = Callable[[Any, Any], torch.Tensor]  # (model, batch) -> the step's loss
+BATCH = {"cnn": 64, "mlp": 64, "gpt": 16}  # samples per worker per step, unless --batch
+
+
+def classify(model: Any, batch: Any) -> torch.Tensor:
+    inputs, targets = batch
+    return F.cross_entropy(model(inputs), targets)
+
+
+def language_model(model: Any, batch: Any) -> torch.Tensor:
+    return model(**batch).loss  # Hugging Face's way: a dict of token ids in, .loss out
+
+
+def workload(name: str, samples: int) -> tuple[torch.nn.Module, Dataset, LossOf, Any]:
+    """The model, its data, its loss and its optimizer (given the parameters): ``cnn`` and
+    ``mlp`` are parity.py's (SGD); ``gpt`` is examples/gpt.py's (byte-level, 3 blocks, dict
+    batches of argparse.py's source, AdamW; ``samples`` does not apply)."""
+    if name != "gpt":
+        sgd = functools.partial(torch.optim.SGD, lr=0.01)
+        return make_model(name), make_data(name, samples), classify, sgd
+    torch.manual_seed(0)
+    config = GPTConfig()
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
+    return GPT(config), load_text(config.block_size)[0], language_model, adamw
 
 
 class HandSteps:
@@ -53,12 +83,13 @@ class HandSteps:
     accumulation, 0.5 ms more a step on the MLP: measured so until 2026-11-29's fix).
     """
 
-    def __init__(self, model: Any, optimizer: Any, loader: DataLoader) -> None:
+    def __init__(self, model: Any, optimizer: Any, loader: DataLoader, loss_of: LossOf) -> None:
         self.loader, self.model, self.optimizer = loader, model, optimizer
+        self.loss_of = loss_of
         self.seconds, self._batches, self._next = 0.0, iter(()), None
 
-    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        F.cross_entropy(self.model(inputs), targets).backward()
+    def step(self, batch: Any) -> None:
+        self.loss_of(self.model, batch).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -72,8 +103,7 @@ class HandSteps:
     def __call__(self) -> None:
         """One step on the batch fetched last, then the next batch (None: the epoch ends)."""
         start = time.perf_counter()
-        inputs, targets = self._next
-        self.step(inputs, targets)
+        self.step(self._next)
         self._next = next(self._batches, None)
         self.seconds += time.perf_counter() - start
 
@@ -92,9 +122,9 @@ def loop_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
             times["hand"].append(hand.seconds)
         began, hand.seconds = now, 0.0
         hand.start_epoch(round_)
-        for inputs, targets in loop.batches(loader):
+        for batch in loop.batches(loader):
             hand()
-            loop.backward(F.cross_entropy(model(inputs), targets))
+            loop.backward(hand.loss_of(model, batch))
             loop.optimizer_step(optimizer)
     return times
 
@@ -102,8 +132,8 @@ def loop_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps
 def same_rounds(cfg: dict[str, Any], model: Any, optimizer: Any, hand: HandSteps) -> Ratios:
     """The A/A run: two hand-written loops over loaders of their own, step by step."""
     data = hand.loader.dataset
-    other = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
-                                                   sampler=shard(data)))  # fmt: skip
+    other = HandSteps(model, optimizer, DataLoader(data, cfg["batch"], sampler=shard(data)),
+                      hand.loss_of)  # fmt: skip
     times: Ratios = {"hand": [], "loop": []}
     for round_ in range(cfg["rounds"] + 1):
         hand.seconds = other.seconds = 0.0
@@ -127,11 +157,11 @@ def shard(data: Any) -> DistributedSampler:
 def worker(cfg: dict[str, Any]) -> Ratios:
     torch.set_num_threads(cfg["threads"])
     ddpkit.init()
-    model = ddpkit.prepare_model(make_model(cfg["workload"]))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = make_data(cfg["workload"], cfg["samples"])
-    hand = HandSteps(model, optimizer, DataLoader(data, cfg["batch"],
-                                                  sampler=shard(data)))  # fmt: skip
+    module, data, loss_of, make_optimizer = workload(cfg["workload"], cfg["samples"])
+    model = ddpkit.prepare_model(module)
+    optimizer = make_optimizer(model.parameters())
+    loader = DataLoader(data, cfg["batch"], sampler=shard(data))
+    hand = HandSteps(model, optimizer, loader, loss_of)
     rounds: Callable[..., Ratios] = same_rounds if cfg["same"] else loop_rounds
     times = rounds(cfg, model, optimizer, hand)
     ddpkit.shutdown()
@@ -141,25 +171,26 @@ def worker(cfg: dict[str, Any]) -> Ratios:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8, help="epochs of each, alternating")
-    parser.add_argument("--workloads", default="cnn,mlp")
+    parser.add_argument("--workloads", default="cnn,mlp,gpt")
     parser.add_argument("--workers", type=int, default=2,
                         help="1: the loops' own costs, no gradient all-reduce")  # fmt: skip
-    parser.add_argument("--batch", type=int, default=64, help="samples per worker per step")
+    parser.add_argument("--batch", type=int, help=f"samples per worker per step ({BATCH})")
     parser.add_argument("--samples", type=int, default=2048)
     parser.add_argument("--same", action="store_true",
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip
     args = parser.parse_args()
-    print(f"{args.workers} workers x 1 thread, batch {args.batch} per worker, {args.rounds} "
-          "rounds of an epoch each way, a step of each in turn in the same workers")  # fmt: skip
-    for workload in args.workloads.split(","):
-        cfg = {"workload": workload, "threads": 1, "rounds": args.rounds,
-               "batch": args.batch, "samples": args.samples, "same": args.same}  # fmt: skip
+    print(f"{args.workers} workers x 1 thread, {args.rounds} rounds of an epoch each way, a "
+          "step of each in turn in the same workers")  # fmt: skip
+    for name in args.workloads.split(","):
+        cfg = {"workload": name, "threads": 1, "rounds": args.rounds, "same": args.same,
+               "batch": args.batch or BATCH[name], "samples": args.samples}  # fmt: skip
         times = ddpkit.spawn(worker, args.workers, cfg)[0]
         hand, loop = times["hand"], times["loop"]
         ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
         steps = times["steps"][0]
-        print(f"{workload}: TrainLoop / hand-written, median of the rounds' ratios "
+        print(f"{name} (batch {cfg['batch']}): TrainLoop / hand-written, median of the rounds' "
+              f"ratios "
               f"{statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, highest "
               f"{max(ratios):.3f}); hand {statistics.mean(hand) / steps * 1e3:.2f} ms/step, "
               f"loop {statistics.mean(loop) / steps * 1e3:.2f} ms/step")  # fmt: skip

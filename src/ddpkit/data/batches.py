@@ -58,12 +58,13 @@ def to_device(batch: Any, device: torch.device | str) -> Any:
         ('cpu', torch.Size([2]))
     """
     target = torch.device(device)
-    if type(batch) in (tuple, list):  # most batches: already there is one look, no call
-        for item in batch:
+    kind = type(batch)
+    if kind is tuple or kind is list or kind is dict:  # most batches: one look, no call
+        for item in batch.values() if kind is dict else batch:
             if type(item) is not torch.Tensor or item.device != target:
                 break
-        else:
-            return batch if type(batch) is tuple else list(batch)
+        else:  # all there already: the same structure, a container of its own
+            return batch if kind is tuple else kind(batch)
     if target.type == "cpu":  # a CPU tensor stays as it is: no call per tensor
         return _map_tensors(batch, lambda t: t if t.is_cpu else t.to(target), target)
     return _map_tensors(batch, lambda t: t.to(target, non_blocking=True), target)
@@ -92,8 +93,13 @@ def batch_size_of(batch: Any) -> int:
         ...
         ddpkit.errors.ConfigError: cannot tell the batch size of a dict: it holds no tensor ...
     """
-    first = batch[0] if type(batch) in (tuple, list) and batch else None
-    if isinstance(first, torch.Tensor) and first.dim():  # (inputs, targets): no walk
+    kind = type(batch)
+    first = None
+    if (kind is tuple or kind is list) and batch:
+        first = batch[0]
+    elif kind is dict and batch:  # a tokenizer's {"input_ids": ..., "labels": ...}
+        first = next(iter(batch.values()))
+    if isinstance(first, torch.Tensor) and first.dim():  # most batches: no walk
         return int(first.shape[0])
     for tensor in tensor_leaves(batch):
         if tensor.dim():

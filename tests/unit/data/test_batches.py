@@ -60,6 +60,19 @@ def test_every_structure_keeps_its_type_and_moves_its_tensors() -> None:
     assert len(list(tensor_leaves(moved))) == 8
 
 
+@pytest.mark.parametrize("kind", [tuple, list, dict])
+def test_a_batch_already_in_place_keeps_its_tensors_in_a_container_of_its_own(kind: type) -> None:
+    x, y = torch.zeros(2, 3), torch.ones(2)
+    batch = {"x": x, "y": y} if kind is dict else kind((x, y))
+    moved = to_device(batch, "cpu")
+    assert type(moved) is kind
+    same = list(moved.values()) if kind is dict else list(moved)
+    assert same[0] is x and same[1] is y  # not copied
+    if kind is not tuple:  # a list or dict the caller may change: not the loader's own
+        assert moved is not batch
+    assert batch_size_of(batch) == 2
+
+
 def test_size_and_slice_follow_the_first_tensor() -> None:
     batch = {"ids": ["a", "b", "c"], "x": torch.arange(3), "scale": torch.tensor(2.0)}
     assert batch_size_of(batch) == 3

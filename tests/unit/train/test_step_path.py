@@ -13,6 +13,7 @@ from collections import Counter
 from types import FrameType
 from typing import Any
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -24,14 +25,28 @@ import ddpkit
 MOST_CALLS_PER_STEP = 55
 
 
-def ddpkit_calls_in_one_step() -> Counter[str]:
+class DictSamples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Samples as a tokenizer gives them (a dict of tensors): batches are dicts."""
+
+    def __init__(self, data: torch.utils.data.TensorDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        inputs, targets = self.data[index]
+        return {"inputs": inputs, "targets": targets}
+
+
+def ddpkit_calls_in_one_step(dict_batches: bool) -> Counter[str]:
     """ddpkit's Python functions, and those it calls itself (the standard library's),
     run in one step of a TrainLoop, from one optimizer step's end to the next's."""
     ddpkit.init(seed=0)  # the hang watchdog on, as by default
     model = ddpkit.prepare_model(torch.nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
-    loader = ddpkit.prepare_loader(data, batch_size=8)
+    loader = ddpkit.prepare_loader(DictSamples(data) if dict_batches else data, batch_size=8)
     loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
     calls: Counter[str] = Counter()
 
@@ -47,7 +62,8 @@ def ddpkit_calls_in_one_step() -> Counter[str]:
             calls[f"{code.co_filename.rsplit('/', 1)[-1]}:{code.co_name}"] += 1
 
     for epoch in loop.epochs(2):  # the second epoch: nothing is done for the first time
-        for index, (inputs, targets) in enumerate(loop.batches(loader)):
+        for index, batch in enumerate(loop.batches(loader)):
+            inputs, targets = batch.values() if dict_batches else batch
             loop.backward(F.cross_entropy(model(inputs), targets))
             loop.optimizer_step(optimizer)
             if epoch == 1 and index == 3:
@@ -62,8 +78,9 @@ def _is_ddpkit(filename: str) -> bool:
     return f"{ddpkit.__name__}/" in filename.replace("\\", "/")
 
 
-def test_a_step_calls_few_functions_of_ddpkit() -> None:
-    calls = ddpkit_calls_in_one_step()
+@pytest.mark.parametrize("dict_batches", [False, True], ids=["tuple batches", "dict batches"])
+def test_a_step_calls_few_functions_of_ddpkit(dict_batches: bool) -> None:
+    calls = ddpkit_calls_in_one_step(dict_batches)
     total = sum(calls.values())
     listed = ", ".join(f"{name} x{n}" for name, n in calls.most_common())
     assert total <= MOST_CALLS_PER_STEP, f"{total} calls in one step: {listed}"
