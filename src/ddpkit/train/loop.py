@@ -332,7 +332,6 @@ class TrainLoop:
         if stepped:
             self.clock.step_done()
             progress.batches = index + 1
-            self.monitor.next_step(self.run.step + 1)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
             where = functools.partial(progress.where, self._epochs, self.loader)
             self.observer.step_done(self.run.step, self._even, self.loader, where, metrics)

@@ -115,11 +115,13 @@ class StepMonitor:
             self.batch_done()
 
     def step_done(self, model: nn.Module, step: int, collective: bool) -> Stop | None:
-        """After optimizer step ``step``: the replica check, then the step limit.
+        """After optimizer step ``step``: the labels name the next one, then the replica
+        check and the step limit.
 
         Without ``collective`` (an epoch whose ranks have different batch counts) neither
         runs: both involve every rank at the same step.
         """
+        self._where_training = f"step {step + 1}"
         if not collective:
             return None
         if self.check_every and step % self.check_every == 0:

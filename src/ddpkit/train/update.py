@@ -120,8 +120,10 @@ class Updater:
             return False, None
         self.stepped = False
         stop, self._stop = self._stop, None
-        self.precision.update()
-        self.step_schedulers("step")
+        if self.precision.scaler is not None:  # fp16 only: no call per step otherwise
+            self.precision.update()
+        if self.scheduler_interval == "step" and self.run.schedulers:
+            self.step_schedulers("step")
         self.run.step += 1
         return True, stop
 
