@@ -118,18 +118,13 @@ class RankProfiler:
             recorder.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
         if self._window is not None and step >= self._window.last:
             self._finish(self._window)
-        elif (
-            self.spec is not None
-            and self._window is None
+        elif (  # a window that starts next, or is under way (a resume): no call a step
+            self._window is None
             and collective
-            and self._opens_after(step)
+            and (spec := self.spec) is not None
+            and spec.first - 1 <= step < spec.last
         ):
-            assert self.spec is not None
-            self._start(self.spec, latest)
-
-    def _opens_after(self, step: int) -> bool:
-        """Whether the next window starts with step ``step + 1`` (or is under way: a resume)."""
-        return self.spec is not None and self.spec.first - 1 <= step < self.spec.last
+            self._start(spec, latest)
 
     def close(self) -> None:
         """The run ends: a window still open is written with the steps it holds."""
