@@ -40,10 +40,12 @@ def test_parity_benchmark_reports_every_variant() -> None:
 
 @pytest.mark.timeout(200)
 def test_loop_parity_benchmark_pairs_the_two_loops_in_the_same_workers() -> None:
-    out = run_benchmark("benchmarks/loop_parity.py", "--rounds", "2", "--workloads", "mlp",
+    out = run_benchmark("benchmarks/loop_parity.py", "--rounds", "2", "--workloads", "mlp,gpt",
                         "--samples", "512")  # fmt: skip
-    ratio = re.search(r"mlp: TrainLoop / hand-written, median of the rounds' ratios ([\d.]+)", out)
-    assert ratio and float(ratio.group(1)) > 0, out
+    for workload, batch in (("mlp", 64), ("gpt", 16)):  # gpt: examples/gpt.py, dict batches
+        line = rf"{workload} \(batch {batch}\): TrainLoop / hand-written, median of the rounds' "
+        ratio = re.search(line + r"ratios ([\d.]+)", out)
+        assert ratio and float(ratio.group(1)) > 0, out
 
 
 @pytest.mark.timeout(200)
