@@ -109,7 +109,7 @@ class StepGuard:
         if not collective:
             self._skipped_in_loop = True
             return self._own_verdict(code)
-        self._waited += 1  # _is_due, inline: a call a step
+        self._waited += 1  # _is_due() written out: a call saved on every step's path
         if self.policy == "skip" or (self.exchange_stops and self._waited >= self._due):
             return self._exchange(code, stop_signal)
         return self._own_verdict(code) if code else _CLEAR

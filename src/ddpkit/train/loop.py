@@ -233,7 +233,8 @@ class TrainLoop:
         self.monitor.phase("optimizer step")
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
-        signal = self._signals.signum if self._signals is not None else 0  # inline: a call
+        # _stop_signal() written out: a call saved on every step's path
+        signal = self._signals.signum if self._signals is not None else 0
         self.updater.optimizer_step(chosen, self._even, signal)
 
     def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
