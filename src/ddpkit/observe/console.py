@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
@@ -67,24 +68,21 @@ class Console:
     def epoch_started(self, epoch: int, epochs: int, total: int | None, done: int) -> None:
         """Epoch ``epoch`` (from 0) of ``epochs`` starts, ``done`` of ``total`` batches done."""
         self._close_bar()
-        self._bar = tqdm(
-            desc=f"epoch {epoch + 1}/{epochs}",
-            total=total,
-            initial=done,
-            leave=False,
-            disable=_bar_hidden(),
-        )
+        if not _bar_hidden():  # a hidden bar is not built: tqdm's set-up, every epoch, for none
+            self._bar = tqdm(
+                desc=f"epoch {epoch + 1}/{epochs}", total=total, initial=done, leave=False
+            )
         self._in_epoch = 0
 
     def batch_done(self) -> None:
         """One more batch of the epoch."""
-        if self._bar is not None and not self._bar.disable:
+        if self._bar is not None:
             self._bar.update(1)
 
     def step_done(self, where: Callable[[], str], metrics: Mapping[str, Any]) -> None:
         """After an optimizer step; ``where()`` says where (``epoch 1/3  batch 2/5``) when a
         line is due, every ``log_every`` steps of the epoch, with rank 0's step ``metrics``."""
-        if self._bar is not None and not self._bar.disable:
+        if self._bar is not None:
             self._show_on_bar(metrics)
         self._steps += 1
         self._in_epoch += 1
@@ -111,7 +109,7 @@ class Console:
             self._bar = None
 
     def _show_on_bar(self, metrics: Mapping[str, Any]) -> None:
-        if self._bar is None or self._bar.disable:
+        if self._bar is None:
             return
         now = time.perf_counter()
         if now - self._bar_shown >= 0.5:
@@ -122,13 +120,16 @@ class Console:
             self._bar.set_postfix(shown)
 
 
-def _bar_hidden() -> bool | None:
+def _bar_hidden() -> bool:
     """Rank 0 draws the bar where someone watches: under ``ddpkit run``, when its console is
-    a terminal (the worker's own stderr is a file there); elsewhere tqdm hides it when
-    stderr is no terminal (``None``: CI logs, pipes)."""
+    a terminal (the worker's own stderr is a file there); elsewhere when stderr is one, as
+    tqdm decides itself (not in CI logs or pipes)."""
     if not is_main():
         return True
-    return False if os.environ.get(LIVE_CONSOLE_ENV) == "1" else None
+    if os.environ.get(LIVE_CONSOLE_ENV) == "1":
+        return False
+    isatty = getattr(sys.stderr, "isatty", None)
+    return isatty is not None and not isatty()
 
 
 def format_epoch(metrics: dict[str, float], epochs: int, times: RankTimes | None = None) -> str:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,11 +16,13 @@ import pytest
 import torch
 
 import ddpkit
+from ddpkit._core.protocol import LIVE_CONSOLE_ENV
 from ddpkit.observe import rankreport
-from ddpkit.observe.console import format_epoch
+from ddpkit.observe.console import Console, format_epoch
 from ddpkit.observe.rankreport import RankReport, data_advice
 from ddpkit.observe.ranktimes import RankTimes, times_row
 from ddpkit.observe.steptime import GradsReady, Phase, StepClock, StepTimes
+from ddpkit.runtime import memory
 from ddpkit.runtime.memory import peak_memory_bytes, reset_peak_memory
 
 MB = 2**20
@@ -212,6 +216,23 @@ def test_the_cpu_peak_starts_again_each_epoch() -> None:
     assert peak_memory_bytes(cpu) < high - 100 * MB
 
 
+def _vm_hwm_bytes() -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if "VmHWM" in x)
+    return int(line.split()[1]) * 1024
+
+
+def test_the_cpu_peak_is_the_kernels_vmhwm_and_falls_back_without_proc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpu = torch.device("cpu")
+    before = _vm_hwm_bytes()
+    peak = peak_memory_bytes(cpu)
+    assert before <= peak <= _vm_hwm_bytes()
+    # Another system (no /proc): the peak since the process started, from getrusage.
+    monkeypatch.setattr(memory, "_STATUS", "/nonexistent/status")
+    assert peak_memory_bytes(cpu) >= peak - 64 * MB
+
+
 def test_a_trained_epoch_carries_the_breakdown_to_its_line_and_its_logs(
     caplog: pytest.LogCaptureFixture, tmp_path: Path
 ) -> None:
@@ -370,3 +391,35 @@ def test_a_carried_row_comes_back_with_the_times_and_without_them() -> None:
     ddpkit.shutdown()
     assert times is not None and carried is not None and carried.tolist() == [[2.0, 5.0]]
     assert no_times is None and alone is not None and alone.tolist() == [[2.0, 5.0]]
+
+
+class _Stderr(io.StringIO):
+    def __init__(self, terminal: bool) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+@pytest.mark.parametrize(("terminal", "live", "drawn"), [
+    (False, None, False),  # CI logs, pipes: tqdm would hide it; none is built
+    (True, None, True),
+    (False, "1", True),  # under ddpkit run, whose own console is a terminal
+])  # fmt: skip
+def test_the_bar_is_built_only_where_it_shows(
+    monkeypatch: pytest.MonkeyPatch, terminal: bool, live: str | None, drawn: bool
+) -> None:
+    stderr = _Stderr(terminal)
+    monkeypatch.setattr(sys, "stderr", stderr)
+    if live is None:
+        monkeypatch.delenv(LIVE_CONSOLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(LIVE_CONSOLE_ENV, live)
+    console = Console(log_every=None)
+    console.epoch_started(0, 2, total=4, done=0)
+    console.batch_done()
+    console.step_done(lambda: "epoch 1/2  batch 1/4", {"loss": 0.5})
+    assert (console._bar is not None) is drawn
+    console.epoch_done({"epoch": 1.0, "loss": 0.5}, 2)
+    assert ("epoch 1/2" in stderr.getvalue()) is drawn

@@ -54,6 +54,16 @@ def test_gathered_rows_are_summed_without_another_collective(
     assert sums.reduce(rows) == {"loss": 0.6666666666666666, "samples": 6.0}
 
 
+def test_a_row_is_in_the_agreed_order_and_flags_names_that_differ() -> None:
+    reordered = MetricSums(CPU, agreed=["loss", "accuracy"])
+    reordered.add({"accuracy": 0.5, "loss": 1.0}, samples=2)  # first seen in another order
+    assert reordered.local_row().tolist() == [2.0, 2.0, 1.0, 0.0]
+    more = MetricSums(CPU, agreed=["loss"])
+    more.add({"loss": 1.0, "accuracy": 0.5}, samples=2)  # a name the others do not know yet
+    assert more.local_row().tolist() == [2.0, 2.0, 1.0]
+    assert MetricSums(CPU).local_row().tolist() == [0.0, 1.0]  # nothing agreed yet
+
+
 def test_the_loops_epoch_end_is_one_all_gather(monkeypatch: pytest.MonkeyPatch) -> None:
     ddpkit.init(hang_timeout=0)
     calls: list[str] = []  # ddpkit's collectives, by the names their callers know them by
