@@ -30,6 +30,7 @@ from torch import nn
 
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.compiled import uncompiled
+from ddpkit.parallel.options import check_given
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -172,7 +173,8 @@ def option_text(value: Any) -> str:
 
 def checked_options(cls: StrategyClass) -> StrategyClass:
     """Class decorator, above ``@dataclass``: an option the strategy lacks is a ConfigError
-    that lists its options (and names the strategy that has it), not a TypeError.
+    that lists its options (and names the strategy that has it), not a TypeError; a value of
+    the wrong type or out of its range is one too (:mod:`ddpkit.parallel.options`).
 
     Example::
 
@@ -195,6 +197,7 @@ def checked_options(cls: StrategyClass) -> StrategyClass:
                 f"{cls.__name__} has no option {unknown[0]!r}{_owners(unknown[0])}; its "
                 f"options: {', '.join(own) or 'none'}"
             )
+        check_given(cls, options)  # each value's type and range, before any is used
         init(self, **options)
 
     cls.__init__ = checked_init  # type: ignore[misc]

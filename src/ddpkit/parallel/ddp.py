@@ -29,6 +29,7 @@ from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import ModuleWrapperStrategy, checked_options
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook, register_comm_hook
 from ddpkit.parallel.compiled import uncompiled
+from ddpkit.parallel.options import bounded
 from ddpkit.runtime.collectives import has_process_group
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class DDPStrategy(ModuleWrapperStrategy):
     wrapper = DistributedDataParallel
     uneven_batches = "join"
 
-    bucket_cap_mb: float | None = None
+    bucket_cap_mb: float | None = bounded(None, above=0, means="MB a gradient bucket holds")
     find_unused_parameters: bool = False
     static_graph: bool = False
     gradient_as_bucket_view: bool = False

@@ -38,6 +38,7 @@ from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.ddp import DDPStrategy
 from ddpkit.parallel.ftmembers import Members
 from ddpkit.parallel.ftquorum import install as install_quorum_numbers
+from ddpkit.parallel.options import bounded
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -91,9 +92,9 @@ class FaultTolerantStrategy(DDPStrategy):
     across_groups = True  # the loop refuses what one group cannot do alone
     group: str | None = None
     lighthouse: str | None = None
-    min_groups: int = 1
-    timeout_s: float = 30.0
-    quorum_retries: int = 3
+    min_groups: int = bounded(1, least=1, means="groups")
+    timeout_s: float = bounded(30.0, above=0, means="seconds")
+    quorum_retries: int = bounded(3, least=0)
 
     @property
     def layout(self) -> str:

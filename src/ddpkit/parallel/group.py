@@ -66,21 +66,23 @@ class GroupStrategy(Strategy):
 
     def __init__(self, group: ModelGroup) -> None:
         kinds = {name: strategy_of(model) for name, model in group.items()}
-        names = sorted({kind.name for kind in kinds.values()})
-        if len(names) > 1:
-            listed = ", ".join(f"{name}: {kind.name}" for name, kind in kinds.items())
-            raise ConfigError(f"the models of a group must share a strategy; got {listed}")
-        member = next(iter(kinds.values()))
-        if member.sharded:
-            raise ConfigError(
-                "several FSDP models in one Trainer are not supported yet; use "
-                "strategy='ddp' for them, or train one sharded model per Trainer"
-            )
-        if member.across_groups:  # its hooks take one model's gradients
+        # Asked of every member, by what the strategies answer, not by their names (a
+        # replica-group model reports "ddp" too, and beside a plain DDP member it would
+        # have trained without averaging across the groups).
+        if any(kind.across_groups for kind in kinds.values()):  # its hooks: one model's
             raise ConfigError(
                 "FaultTolerantStrategy (experimental) trains one model per Trainer or "
                 "TrainLoop for now; wrap the models in one nn.Module, or use strategy='ddp'"
             )
+        if any(kind.sharded for kind in kinds.values()):
+            raise ConfigError(
+                "several FSDP models in one Trainer are not supported yet; use "
+                "strategy='ddp' for them, or train one sharded model per Trainer"
+            )
+        if len({_traits(kind) for kind in kinds.values()}) > 1:
+            listed = ", ".join(f"{name}: {type(kind).__name__}" for name, kind in kinds.items())
+            raise ConfigError(f"the models of a group must share a strategy; got {listed}")
+        member = next(iter(kinds.values()))
         self.member = member
         self.name = member.name
         self.replicas_identical = member.replicas_identical
@@ -117,6 +119,13 @@ class GroupStrategy(Strategy):
             for name, member in _members(model)
             for key, value in self.member.full_state(member).items()
         }
+
+
+def _traits(kind: Strategy) -> tuple[object, ...]:
+    """What the engine asks of a strategy: members must answer alike (their options, such as
+    DDP's bucket size, may differ)."""
+    return (type(kind), kind.name, kind.replicas_identical, kind.checkpoint_kind,
+            kind.uneven_batches, kind.sharded, kind.across_groups)  # fmt: skip
 
 
 def _members(model: nn.Module) -> list[tuple[str, nn.Module]]:

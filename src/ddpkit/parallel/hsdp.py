@@ -30,11 +30,11 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit._core.validate import check_positive_int
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.fsdp import FSDPStrategy, shard_model
+from ddpkit.parallel.options import bounded
 from ddpkit.parallel.shardprecision import policy_text
 from ddpkit.runtime.collectives import has_process_group
 
@@ -63,13 +63,11 @@ class HSDPStrategy(FSDPStrategy):
 
     name = "hsdp"  # type: ignore[assignment]  # FSDP's is inferred as Literal["fsdp"]
 
-    shard_size: int | None = None
+    shard_size: int | None = bounded(None, least=1, means="ranks")
     shape: tuple[int, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.shard_size is not None:
-            check_positive_int("shard_size", self.shard_size)
+        super().__post_init__()  # shard_size's type and range: checked_options
 
     @property
     def layout(self) -> str:

@@ -111,3 +111,31 @@ def test_the_wrapped_model_answers_with_the_object_that_wrapped_it(tmp_path: Pat
     fsdp = ddpkit.FSDPStrategy(units=(Block,), reshard_after_forward=False)
     sharded = ddpkit.prepare_model(nn.Sequential(Block(), Block()), fsdp)
     assert strategy_of(sharded) is fsdp
+
+
+def test_every_ddp_option_reaches_torch(tmp_path: Path) -> None:
+    """Each option given is the one torch's DDP runs with (none dropped on the way)."""
+    ddpkit.init(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, hang_timeout=0)
+    given = ddpkit.DDPStrategy(bucket_cap_mb=3, find_unused_parameters=True,
+                               gradient_as_bucket_view=True, broadcast_buffers=False)  # fmt: skip
+    model = ddpkit.prepare_model(nn.Linear(3, 2), given)
+    assert model.bucket_bytes_cap == 3 * 1024 * 1024
+    assert model.find_unused_parameters and model.gradient_as_bucket_view
+    assert model.broadcast_buffers is False
+    plain = ddpkit.prepare_model(nn.Linear(3, 2))
+    assert plain.bucket_bytes_cap == 25 * 1024 * 1024 and not plain.find_unused_parameters
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_the_fsdp_units_and_resharding_reach_torch(tmp_path: Path, reshard: bool) -> None:
+    """``units`` become FSDP units of their own; ``reshard_after_forward`` decides whether a
+    unit's parameters are sharded again after its forward (DTensors) or stay gathered."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    ddpkit.init(init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1, hang_timeout=0)
+    fsdp = ddpkit.FSDPStrategy(units=(Block,), reshard_after_forward=reshard)
+    model = ddpkit.prepare_model(nn.Sequential(Block(), Block(), nn.Linear(4, 4)), fsdp)
+    assert [isinstance(m, FSDPModule) for m in model] == [True, True, False]
+    model(torch.ones(2, 4))  # the first unit is not the root: its resharding is the option's
+    assert isinstance(next(model[0].parameters()), DTensor) is reshard

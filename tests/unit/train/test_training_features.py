@@ -42,11 +42,11 @@ def test_fsdp_in_a_world_of_one_trains_the_whole_model() -> None:
 @pytest.mark.parametrize(
     ("strategy", "options", "message"),
     [
-        ("DDPStrategy", {"comm_hook": "int8"}, "unknown comm_hook 'int8'; choose one of 'fp16'"),
+        ("DDPStrategy", {"comm_hook": "int8"}, "comm_hook takes one of 'fp16', 'bf16', 'powers"),
         ("FSDPStrategy", {"bucket_cap_mb": 5}, r"no option 'bucket_cap_mb' \(DDPStrategy has\)"),
         ("DDPStrategy", {"units": (torch.nn.Linear,)}, r"no option 'units' \(FSDPStrategy and"),
-        ("FSDPStrategy", {"units": ("Linear",)}, "must be nn.Module classes"),
-        ("HSDPStrategy", {"units": torch.nn.Linear}, r"must be a tuple of nn.Module classes"),
+        ("FSDPStrategy", {"units": ("Linear",)}, "units takes a tuple of nn.Module classes"),
+        ("HSDPStrategy", {"units": torch.nn.Linear}, r"units takes a tuple of nn.Module classes"),
     ],
 )
 def test_wrong_strategy_options_are_refused(strategy: str, options: dict, message: str) -> None:
