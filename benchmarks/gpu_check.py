@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = 480  # the whole check on one GPU: the steps' limits below add up to it
+BUDGET_S = 560  # the whole check on one GPU: the steps' limits below add up to it
 
 
 @dataclass
@@ -70,7 +70,9 @@ def steps(out: Path, dry: bool) -> list[Step]:
     env = {"CUDA_VISIBLE_DEVICES": ""} if dry else {}
     return [
         Step("facts", [python, "-m", "ddpkit", "doctor", "--json"], 30, env),  # 5 s on an H100
-        Step("tier", tier, 310, env),  # 257 s on one H100 (2026-11-27)
+        # 257 s on one H100 (2026-11-27), 303 s on one H200 (2026-12-04, before the internals
+        # test): a quarter and more over the slowest seen
+        Step("tier", tier, 390, env),
         Step("parity", parity + (["--tiny", "--workers", "1"] if dry else []), 140, env),  # ~95 s
     ]
 

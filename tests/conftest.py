@@ -41,6 +41,16 @@ _SET_BY_LIBRARIES = {
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def sweep_killed_launchers() -> Iterator[None]:
+    """At the end, the scratch folders of the launchers tests killed with -9 are removed, as
+    a user's next launch removes them (a running launcher's folder is locked: kept)."""
+    yield
+    from ddpkit.launch.scratch import sweep_dead_launchers
+
+    sweep_dead_launchers()
+
+
 @pytest.fixture(autouse=True)
 def clean_distributed_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """No launcher variables leak in; no process group or ddpkit world leaks out."""

@@ -30,7 +30,8 @@ from types import ModuleType
 from typing import NoReturn
 
 from ddpkit import __version__
-from ddpkit._core.interpreter import collector_paused, exit_without_teardown
+from ddpkit._compat.python import exit_without_teardown
+from ddpkit._core.interpreter import collector_paused
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import CONFIG_EXIT_CODE, PEER_LOST_EXIT_CODE, STOP_SIGNALS
 from ddpkit.errors import (

@@ -36,6 +36,25 @@ class ConfigError(DdpkitError, ValueError):
     """
 
 
+class UnsafeFolderError(ConfigError):
+    """A folder ddpkit would load code from (compiled kernels) can be written by someone
+    else: another owner, or write permission for its group or for everyone. Never loaded.
+
+    Example:
+        >>> err = UnsafeFolderError("/tmp/kernels", "it is writable by its group (mode 0775)")
+        >>> print(err)  # doctest: +ELLIPSIS
+        /tmp/kernels is not private: it is writable by its group (mode 0775); ddpkit runs ...
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"{path} is not private: {reason}; ddpkit runs code from it (compiled kernels), "
+            "so it uses only a folder that you own and that nobody else can write: remove "
+            f"it, or `chmod go-w {path}` if it is yours"
+        )
+
+
 class NotInitializedError(DdpkitError, RuntimeError):
     """A ddpkit call needs the world, but ``ddpkit.init()`` has not run in this process.
 

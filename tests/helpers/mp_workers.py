@@ -75,10 +75,10 @@ def crash_before_step(trainer: ddpkit.Trainer, step: int, error: type[Exception]
     updater = trainer.loop.updater
     real_step = updater._step
 
-    def step_unless_crashing(optimizers: list[torch.optim.Optimizer]) -> None:
+    def step_unless_crashing(optimizers: list[torch.optim.Optimizer]) -> bool:
         if trainer.step + 1 == step:
             raise error(f"crash before step {step}")
-        real_step(optimizers)
+        return real_step(optimizers)
 
     updater._step = step_unless_crashing  # type: ignore[method-assign]
 
@@ -280,6 +280,27 @@ def nccl_flight_recorder() -> dict[str, Any]:
     )
     return {"backend": world.backend, "collectives": recent_collectives(),
             "env": {name: os.environ.get(name, "") for name in names}}  # fmt: skip
+
+
+def cuda_internals() -> dict[str, Any]:
+    """One GPU rank: what ddpkit._compat finds on this CUDA build of torch, and the DDP
+    options a strategy object gives reaching torch's DDP over NCCL."""
+    from ddpkit._compat.c10d import flight_recorder_dumpers
+    from ddpkit._compat.inductor import _codecache, compile_counts, default_cache_dir
+
+    world = ddpkit.init()
+    strategy = ddpkit.DDPStrategy(bucket_cap_mb=3, gradient_as_bucket_view=True,
+                                  find_unused_parameters=True)  # fmt: skip
+    model = ddpkit.prepare_model(torch.nn.Linear(4, 4), strategy)
+    ddp = [model.bucket_bytes_cap, model.gradient_as_bucket_view, model.find_unused_parameters]
+    return {
+        "backend": world.backend,
+        "dumpers": sorted(f.__name__ for f in flight_recorder_dumpers()),
+        "headers": _codecache() is not None,
+        "counts": compile_counts() is not None,
+        "cache": default_cache_dir(),
+        "ddp": ddp,
+    }
 
 
 def metric_names_by_epoch(extra_on_rank1_in_epoch: int) -> list[list[str]]:

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _dump_fr_trace
+from torch._C._distributed_c10d import _dump_fr_trace  # what a user's script may call
 
 
 def dump(rank: int) -> None:

@@ -1,26 +1,38 @@
 """One replica group of a fault-tolerant job (FaultTolerantStrategy), as ``ddpkit run``
 starts it: ``DDPKIT_FT_GROUP`` names the group, ``TORCHFT_LIGHTHOUSE`` the lighthouse.
 
-``python replica_group.py OUT EPOCHS [trainer|patient|resumable]``: trains a small model
-with TrainLoop on 48 samples in batches of 4, dealt among the groups alive at each step
-(ReplicaBatches), with a pause a step so that a test can kill it mid-run; prints ``step N``
-after each step, and writes the final weights to OUT and the batches each committed step
-trained (the ledger's record) to OUT.json.
-With ``trainer``: the same through ``Trainer.fit``, without the pause; with ``patient``: an
-exchange or quorum may take 30 s, not 10; with ``resumable``: a checkpoint every 5 steps in
-OUT.ckpt, resumed from when started again.
+``python replica_group.py OUT EPOCHS [FACE] [--drop-at K] [--min-groups G]`` trains a small
+model on 48 samples in batches of 4, dealt among the groups alive at each step
+(ReplicaBatches). FACE: ``loop`` (TrainLoop, a pause a step so that a test can kill it
+mid-run; the default), ``trainer`` (Trainer.fit, a per-step LR scheduler, no pause),
+``patient`` (an exchange or quorum may take 30 s, not 10), ``resumable`` (a checkpoint every
+5 steps in OUT.ckpt, resumed from when started again). ``--drop-at K``: this group reports an
+error before the vote of its K-th update, which torchft then drops (give it to every group:
+the exchange failed everywhere). ``--min-groups G``: a step needs G groups. ``--timeout S``:
+how long an exchange or a quorum may take (default 10 s; ``patient``: 30). ``--hold FILE``:
+once FILE holds a step number and this group has taken that many steps, it waits for
+FILE.go before going on (a test starts another group meanwhile, which this one must outlive).
+
+After each batch it prints ``step N torchft M``: the steps ddpkit and torchft count (equal
+unless a dropped step was counted). After each committed step it appends a line to
+OUT.trained.jsonl: the epoch, the step, the groups in it and the samples this rank trained
+(their dataset indices, which every batch carries: what was trained, not what the ledger
+says was dealt), so a group killed mid-run leaves its record up to its last step. At the
+end it writes the final weights to OUT and the epochs trained to OUT.json.
 """
 
+import argparse
 import json
-import sys
+import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import ddpkit
-from ddpkit.parallel.faulttolerant import FaultTolerantStrategy
+from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, replica_groups
 from ddpkit.parallel.replicabatches import ReplicaBatches
 
 
@@ -33,36 +45,85 @@ class Net(torch.nn.Module):
         return self.outer(torch.relu(self.inner(x)))
 
 
+class Witness(ddpkit.Callback):
+    """What each committed step trained on this rank (appended to ``record``), and both step
+    counts after each batch; at update ``drop_at``, an error reported to torchft before the
+    vote."""
+
+    def __init__(self, model: torch.nn.Module, batches: ReplicaBatches, drop_at: int | None,
+                 record: str, hold: str | None) -> None:  # fmt: skip
+        self.groups, self.batches, self.drop_at = replica_groups(model), batches, drop_at
+        self.record = open(record, "a")  # noqa: SIM115 (open for the whole run)
+        self.updates, self.before, self.hold = 0, 0, hold
+
+    def on_train_batch_start(self, trainer, batch) -> None:
+        self.before, self.updates = trainer.step, self.updates + 1
+        if self.updates == self.drop_at:  # after the step's quorum, before its vote
+            self.groups.manager.report_error(RuntimeError("injected: the exchange failed"))
+
+    def on_train_batch_end(self, trainer, batch, metrics) -> None:
+        manager = self.groups.manager
+        if trainer.step != self.before:  # committed (a filler batch trains nothing)
+            samples = [] if self.batches.idle else sorted(batch[2].tolist())
+            line = {"epoch": self.batches.epoch, "step": trainer.step, "samples": samples,
+                    "groups": manager.num_participants()}  # fmt: skip
+            self.record.write(json.dumps(line) + "\n")
+            self.record.flush()
+        print(f"step {trainer.step} torchft {manager.current_step()}", flush=True)
+        self._wait_if_held(trainer.step)
+
+    def _wait_if_held(self, step: int) -> None:
+        if not self.hold or not os.path.exists(self.hold):
+            return
+        text = Path(self.hold).read_text().strip()
+        while text and step >= int(text) and not os.path.exists(f"{self.hold}.go"):
+            time.sleep(0.05)
+
+
 def main() -> None:
-    out, epochs = sys.argv[1], int(sys.argv[2])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("epochs", type=int)
+    parser.add_argument("face", nargs="?", default="loop",
+                        choices=["loop", "trainer", "patient", "resumable"])  # fmt: skip
+    parser.add_argument("--drop-at", type=int, default=None)
+    parser.add_argument("--min-groups", type=int, default=1)
+    parser.add_argument("--hold", default=None)
+    parser.add_argument("--timeout", type=float, default=None)
+    args = parser.parse_args()
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(0)  # every group starts alike (checked); one joining later heals
-    patience = 30 if sys.argv[3:] == ["patient"] else 10  # a lighthouse outage to ride out
-    model = ddpkit.prepare_model(Net(), FaultTolerantStrategy(timeout_s=patience))
+    patience = args.timeout or (30 if args.face == "patient" else 10)  # an outage, a late group
+    strategy = FaultTolerantStrategy(timeout_s=patience, min_groups=args.min_groups)
+    model = ddpkit.prepare_model(Net(), strategy)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
-    data = TensorDataset(torch.randn(48, 16, generator=generator),
-                         torch.randint(0, 4, (48,), generator=generator))  # fmt: skip
+    inputs = torch.randn(48, 16, generator=generator)
+    labels = torch.randint(0, 4, (48,), generator=generator)
+    data = TensorDataset(inputs, labels, torch.arange(48))  # each sample carries its index
     batches = ReplicaBatches(model, data, batch_size=4, seed=0)
-    if sys.argv[3:] == ["trainer"]:  # the other face, without pauses
-        trainer = ddpkit.Trainer(model, opt, F.cross_entropy)
-        trainer.fit(batches, epochs=epochs)
+    witness = Witness(model, batches, args.drop_at, args.out + ".trained.jsonl", args.hold)
+    if args.face == "trainer":  # the other face, a scheduler stepped per step, no pauses
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
+        trainer = ddpkit.Trainer(model, opt, training_step=lambda b: F.cross_entropy(
+            model(b[0]), b[1]), scheduler=sched, callbacks=[witness])  # fmt: skip
+        trainer.fit(batches, epochs=args.epochs)
         trained_epochs = trainer.epoch
     else:
-        resumable = sys.argv[3:] == ["resumable"]  # checkpoints every 5 steps, and resumes
+        resumable = args.face == "resumable"  # checkpoints every 5 steps, and resumes
         state = {"model": model, "optimizer": opt, "batches": batches}
-        loop = ddpkit.TrainLoop(state, out + ".ckpt" if resumable else None,
-                                save_every_steps=5 if resumable else None)  # fmt: skip
-        for _ in loop.epochs(epochs):
-            for x, y in loop.batches(batches):
+        loop = ddpkit.TrainLoop(state, args.out + ".ckpt" if resumable else None,
+                                save_every_steps=5 if resumable else None,
+                                callbacks=[witness])  # fmt: skip
+        for _ in loop.epochs(args.epochs):
+            for x, y, _index in loop.batches(batches):
                 loop.backward(F.cross_entropy(model(x), y))
                 loop.optimizer_step()
-                print(f"step {loop.run.step}", flush=True)
                 time.sleep(0.1)
         trained_epochs = loop.run.epoch
-    torch.save(ddpkit.unwrap_model(model).state_dict(), out)
-    with open(out + ".json", "w") as record:
-        json.dump({"record": batches.record, "epochs": trained_epochs}, record)
+    torch.save(ddpkit.unwrap_model(model).state_dict(), args.out)
+    with open(args.out + ".json", "w") as record:
+        json.dump({"epochs": trained_epochs}, record)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
   each printing when it runs; ``stdin``: rank 0 prints the line it reads from stdin;
 - ``child_stop REPORT``: rank 0 starts a child process that writes to REPORT when it
   starts and when a signal stops it; rank 1 then fails, and torch's agent stops rank 0;
+- ``child_waits REPORT``: rank 0 starts such a child, then both ranks wait (a minute) for
+  the launcher to be stopped by a signal, which torch's agent passes on to them;
 - ``cuda``: whether CUDA was initialised before the script (never, by a warm server), then
   an all-reduce on the GPU (the GPU tier).
 
@@ -82,6 +84,8 @@ def main() -> None:
             print(f"rank {world.rank} caught KeyboardInterrupt", flush=True)
     if MODE == "child_stop":
         start_a_child_then_fail(world.rank, sys.argv[2])
+    if MODE == "child_waits":
+        start_a_child_then_wait(world.rank, sys.argv[2])
     if MODE == "sys_exit3" and world.rank == 1:
         sys.exit(3)
     if MODE == "raise" and world.rank == 1:
@@ -104,23 +108,34 @@ def stopped(signum, frame):
     with open(sys.argv[1], "a") as report:
         report.write(f"child stopped by {signal.Signals(signum).name}\\n")
     sys.exit(0)
-signal.signal(signal.SIGTERM, stopped)
-signal.signal(signal.SIGINT, stopped)
+for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"):
+    signal.signal(getattr(signal, name), stopped)
 with open(sys.argv[1], "a") as report:
     report.write("child started\\n")
 time.sleep(60)
 """
 
 
-def start_a_child_then_fail(rank: int, report: str) -> None:
-    """Rank 0 starts a child (its handlers set before the peers go on); rank 1 fails."""
+def start_a_child(rank: int, report: str) -> None:
+    """Rank 0 starts a child (its handlers set before the peers go on); every rank meets."""
     if rank == 0:
         subprocess.Popen([sys.executable, "-c", CHILD, report])
         while not (os.path.exists(report) and os.path.getsize(report)):
             time.sleep(0.05)
     dist.barrier()
+
+
+def start_a_child_then_fail(rank: int, report: str) -> None:
+    """Rank 0 starts a child; rank 1 then fails, and torch's agent stops rank 0."""
+    start_a_child(rank, report)
     if rank == 1:
         raise ValueError("rank 1 fails, and torch's agent stops rank 0")
+    time.sleep(60)
+
+
+def start_a_child_then_wait(rank: int, report: str) -> None:
+    """Rank 0 starts a child; both ranks wait for the launcher's stop signal."""
+    start_a_child(rank, report)
     time.sleep(60)
 
 

@@ -6,6 +6,8 @@ itself loads.
 
 from __future__ import annotations
 
+import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +78,44 @@ def test_ddpkit_run_imports_no_worker_side_code() -> None:
     loaded = loaded_after("from ddpkit.cli import parse\nparse(['run', '--nproc', '2', 't.py'])")
     assert [m for m in loaded if m.startswith(WORKER_SIDE)] == []
     assert "torch.distributed.fsdp" not in loaded
+
+
+# What reaching into torch, torchft or CPython looks like: a private module or name imported,
+# or one of the private attributes ddpkit knows it uses (ddpkit._compat names each).
+_PRIVATE_ATTRIBUTES = re.compile(
+    r"(?<!self)\._(HEADER_DIR|HEADER_LOCK_DIR|precompile_header|client|quorum|run_exitfuncs|"
+    r"threading_atexits|getframe|load_from_address|streaming_load)\b|\bos\._exit\s*="
+)
+
+
+def _private_imports(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in ("torch", "torchft") and any(p.startswith("_") for p in parts[1:]):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_private_internals_are_reached_in_the_compat_package_only() -> None:
+    """Everything ddpkit takes from inside torch, torchft or CPython goes through
+    ddpkit._compat, where each is checked against the releases it was tested on (torch's
+    dynamo by its module name, imported whole, is the one public-in-practice exception)."""
+    reached = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "_compat":
+            continue
+        source = path.read_text()
+        found = [f for f in _private_imports(ast.parse(source)) if "torch._dynamo'" not in f]
+        found += [f"line {source[: m.start()].count(chr(10)) + 1}: {m.group(0)}"
+                  for m in _PRIVATE_ATTRIBUTES.finditer(source)]  # fmt: skip
+        if found:
+            reached[str(path.relative_to(PACKAGE))] = found
+    assert reached == {}

@@ -6,7 +6,8 @@ collector, woken every few hundred allocations, walks them again and again: 0.45
 collector paused). At the end, an interpreter that imported torch frees every module's
 objects one by one before it exits: 0.3-0.4 s in which the job is over and the caller
 still waits. ``ddpkit``'s command pauses the collector while it imports torch
-(:func:`collector_paused`) and ends without that teardown (:func:`exit_without_teardown`).
+(:func:`collector_paused`) and ends without that teardown
+(:func:`ddpkit._compat.python.exit_without_teardown`: it runs CPython's exit handlers itself).
 A user's script keeps Python's ending: its unclosed files are flushed by that teardown.
 
 Example:
@@ -20,14 +21,9 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import gc
-import threading
 from collections.abc import Iterator
-from typing import NoReturn
-
-from ddpkit._core.system import flush_and_exit
 
 
 @contextlib.contextmanager
@@ -46,34 +42,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
-
-
-def exit_as_python_does() -> None:
-    """What Python does once the main module ends, before its teardown: stop the thread
-    pools (their ``threading`` exit hooks), wait for the non-daemon threads, run the
-    ``atexit`` handlers. A function worker does it itself (a forked one ends by
-    ``os._exit``), and so does ``ddpkit``'s command before it ends without the teardown.
-
-    Example::
-
-        exit_as_python_does()   # after the script, in a worker started from a function
-    """
-    for hook in reversed(getattr(threading, "_threading_atexits", [])):  # executors' shutdown
-        hook()
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()
-
-
-def exit_without_teardown(code: int) -> NoReturn:
-    """End this process with ``code`` as Python would (:func:`exit_as_python_does`, then
-    stdout and stderr flushed), skipping the interpreter's teardown. For ddpkit's own
-    processes only, whose files are closed when they end, never around a user's script.
-
-    Example::
-
-        exit_without_teardown(main())   # ddpkit's command line, once its command returned
-    """
-    exit_as_python_does()
-    flush_and_exit(code)

@@ -81,6 +81,10 @@ _KIND = "ddpkit_kind"  # the record's RecordKind, in the error file's extraInfo
 
 # --- the signals that mean "stop and come back" (a preemption), not "fail" -----------------
 STOP_SIGNALS = ("SIGTERM", "SIGUSR1")  # SLURM/Kubernetes preemption; SLURM's --signal=USR1@S
+# The signals torch's agent takes over in the launcher and passes on to every worker (SIGUSR1
+# so that SLURM's warning reaches the workers instead of killing the agent); a worker started
+# from a function relays each to the processes it started (docs/torchrun.md).
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1")
 
 
 class RecordKind(str, enum.Enum):

@@ -17,15 +17,11 @@ import json
 import pickle
 from typing import Any
 
+from ddpkit._compat.c10d import flight_recorder_dumpers
 from ddpkit._core.tracebacks import is_hidden
 
 Call = dict[str, Any]  # one collective, as :func:`compact` keeps it
 _KEPT_PER_GROUP = 4  # the one waited in and the few before it: enough to name the gap
-
-
-# NCCL's groups record into a recorder of their own (CUDA events), every other backend's
-# into the shared one: a process with NCCL and gloo groups has collectives in both.
-_DUMPERS = ("_dump_nccl_trace", "_dump_fr_trace")
 
 
 def dump() -> dict[str, Any] | None:
@@ -39,13 +35,11 @@ def dump() -> dict[str, Any] | None:
         >>> sorted(dump() or {"entries": []})
         ['entries']
     """
-    from torch._C import _distributed_c10d
-
-    dumpers = [getattr(_distributed_c10d, name, None) for name in _DUMPERS]
-    if not any(dumpers):  # a torch without the Flight Recorder
+    dumpers = flight_recorder_dumpers()
+    if not dumpers:  # a torch without the Flight Recorder
         return None
     entries: list[dict[str, Any]] = []
-    for dumper in filter(None, dumpers):
+    for dumper in dumpers:
         try:
             entries += load_dump(dumper(True, True, False)).get("entries", [])
         except (RuntimeError, ValueError, pickle.UnpicklingError):

@@ -23,11 +23,11 @@ from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
 from ddpkit.errors import ConfigError
 from ddpkit.launch.forkserver import start_warm_server
-from ddpkit.launch.hosts import add_host_arguments, hosts_given, run_hosts
 from ddpkit.launch.lifeline import stop_at_end_of_input
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
 from ddpkit.launch.quickparse import parse_without_torch
+from ddpkit.launch.remote.flags import add_host_arguments, hosts_given, run_hosts
 from ddpkit.launch.torchrun_flags import (
     add_torchrun_arguments,
     check_supported,

@@ -24,6 +24,7 @@ import gc
 import multiprocessing
 import multiprocessing.util
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from multiprocessing import forkserver
@@ -160,6 +161,48 @@ def forget_what_the_server_wrote() -> list[str]:
 def _set_for_this_rank(name: str, value: str) -> bool:
     per_rank = name in _PER_RANK or name.startswith(_PER_RANK_PREFIX)
     return per_rank or _STARTING_ENV.get(name) != value
+
+
+def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
+    """What a fresh interpreter would have that a function worker does not: the platform's
+    default start method for the script's own processes (DataLoader workers, pools; Python
+    set this worker's to the launcher's spawn or forkserver), torch's thread count from this
+    launch's ``OMP_NUM_THREADS`` (a warm server's torch read the server's at import), no
+    variable torch wrote into the server's environment (its compile cache folder), and
+    NumPy's global generator seeded anew (else every forked rank draws the same).
+
+    Example::
+
+        fresh_process_state()   # first thing in a function worker (Tied does it)
+    """
+    multiprocessing.set_start_method(None, force=True)
+    forget_what_the_server_wrote()
+    threads = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(int(threads))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()  # from the OS's entropy, as at a fresh import
+
+
+def fresh_signal_state(sigint_ignored: bool = False) -> None:
+    """Give this worker the signal state a fresh ``python script.py`` under the same launcher
+    has: no signal blocked in its main thread, and Ctrl-C's SIGINT raising KeyboardInterrupt
+    (ignored only where the launcher itself ignored it, as a background job's does).
+
+    A function worker inherits its creator's instead: Python's forkserver ignores SIGINT
+    and puts back the handler it found when it started, a server's main thread blocks
+    signals while it starts a resource tracker, and torch's wrapper makes SIGINT the
+    worker's parent-death signal; a script that catches KeyboardInterrupt must not depend on
+    which of these its worker happened to see.
+
+    Example::
+
+        fresh_signal_state()   # first thing in a function worker
+    """
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
 
 
 def take_launcher_stdin() -> None:

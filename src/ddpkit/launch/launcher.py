@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing.util
 import os
 import pickle
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -39,6 +41,7 @@ from torch.distributed.launcher.api import elastic_launch
 
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
+    FORWARDED_SIGNALS,
     LAUNCHER_PID_ENV,
     LAUNCHER_REPORTS_ENV,
     LIVE_CONSOLE_ENV,
@@ -62,7 +65,7 @@ from ddpkit.launch.forkserver import start_warm_server, warm_start_method
 from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
-from ddpkit.launch.plan import FORWARDED_SIGNALS, LaunchPlan, run_id, to_launch_config
+from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
 from ddpkit.launch.scratch import launch_folder
 
@@ -307,12 +310,10 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
         # summary says which rank failed, why, and what happened to the others.
         torch_reports.setLevel(logging.CRITICAL)
     try:
-        if kept_log_dir is not None:
-            Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
-            yield kept_log_dir
-        else:
-            with launch_folder() as log_dir:  # dead launchers' folders swept first
-                yield log_dir
+        with launch_folder() as scratch, _temporary_files_in(scratch):  # dead ones' swept first
+            if kept_log_dir is not None:
+                Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
+            yield scratch if kept_log_dir is None else kept_log_dir
     finally:
         torch_reports.setLevel(saved_level)
         for key in set(os.environ) - set(saved):
@@ -322,11 +323,26 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
             signal.signal(number, handler)
 
 
+@contextlib.contextmanager
+def _temporary_files_in(folder: str) -> Iterator[None]:
+    """This process's temporary files made inside ``folder`` while the launch runs (it is
+    removed after): torch's process starter names a ``pytorch-errorfile-*.pickle`` for each
+    function worker, which a worker that raises writes and nobody removes. multiprocessing's
+    own folder, kept for the process's life, is made where it always is, first."""
+    multiprocessing.util.get_temp_dir()
+    saved = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved
+
+
 def _signal_handlers() -> dict[signal.Signals, Any]:
     """The caller's handlers for the signals torch's agent takes over (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
-    numbers = [getattr(signal, name, None) for name in FORWARDED_SIGNALS.split(",")]
+    numbers = [getattr(signal, name, None) for name in FORWARDED_SIGNALS]
     found = {n: signal.getsignal(n) for n in numbers if n is not None}
     return {n: handler for n, handler in found.items() if handler is not None}
 

@@ -26,7 +26,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpkit._core.protocol import LAUNCHER_PID_ENV, STDIN_LIFELINE_ENV
-from ddpkit.launch.forkserver import restore_launch_environment
+from ddpkit.launch.forkserver import (
+    fresh_process_state,
+    fresh_signal_state,
+    restore_launch_environment,
+)
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
@@ -89,18 +93,23 @@ class Tied:
     worker receives it pickled.
 
     Example:
-        >>> Tied(max)(1, 2)
-        2
+        >>> Tied(max).__name__   # called in a worker: Tied(max)(1, 2) is 2 there
+        'max'
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.launch_env = dict(os.environ)
+        # where the launcher ignores Ctrl-C (a background job), a fresh worker would too
+        on_main = threading.current_thread() is threading.main_thread()
+        self.sigint_ignored = on_main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         self.__name__ = getattr(fn, "__name__", "worker")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
+        fresh_signal_state(self.sigint_ignored)
         restore_launch_environment(self.launch_env)
+        fresh_process_state()  # after the launch's environment: its OMP_NUM_THREADS
         die_with_launcher()
         return self.fn(*args)
 

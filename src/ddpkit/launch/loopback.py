@@ -19,7 +19,7 @@ import contextlib
 import socket
 from datetime import timedelta
 
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch.distributed import PrefixStore, TCPStore
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
     RendezvousInfo,

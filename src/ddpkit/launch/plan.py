@@ -24,6 +24,7 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import LogsSpecs
 from torch.distributed.launcher.api import LaunchConfig
 
+from ddpkit._core.protocol import FORWARDED_SIGNALS
 from ddpkit._core.text import parse_endpoint
 from ddpkit._core.validate import check_positive_int
 from ddpkit.env.kubernetes import PodJob
@@ -32,9 +33,9 @@ from ddpkit.errors import ConfigError
 from ddpkit.launch.loopback import register_loopback_backend
 
 RDZV_TIMEOUT_S = 900  # how long nodes may take to join; torch's default
-# torch's agent catches these and stops its workers with the same signal; SIGUSR1 is added
-# so that SLURM's warning (--signal=USR1@S) reaches the workers instead of killing the agent.
-FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+# torch's agent catches these and stops its workers with the same signal (the protocol's
+# FORWARDED_SIGNALS, in torch's spelling).
+SIGNALS_TO_HANDLE = ",".join(FORWARDED_SIGNALS)
 
 
 @dataclass(frozen=True)
@@ -239,7 +240,7 @@ def _signal_options() -> dict[str, Any]:
     # torch < 2.10 has no signals_to_handle: its agent forwards SIGTERM, SIGINT, SIGHUP and
     # SIGQUIT, and the launcher adds SIGUSR1 itself (launcher._forward_sigusr1).
     known = {f.name for f in dataclasses.fields(LaunchConfig)}
-    return {"signals_to_handle": FORWARDED_SIGNALS} if "signals_to_handle" in known else {}
+    return {"signals_to_handle": SIGNALS_TO_HANDLE} if "signals_to_handle" in known else {}
 
 
 def _std(value: str, flag: str) -> Std | dict[int, Std]:

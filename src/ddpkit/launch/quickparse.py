@@ -24,12 +24,10 @@ Example:
 from __future__ import annotations
 
 import argparse
-import ast
-import functools
-import importlib.util
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+
+from ddpkit._compat.torchrun import torchrun_flags
 
 # What a --hosts launch (hosts.py) and a warm server read of torchrun's flags, with the
 # values ddpkit's full parser gives them when not given (torch's defaults; None where ddpkit
@@ -95,7 +93,10 @@ def parse_without_torch(
     if split is None:
         return None
     pairs, script = split
-    args = own.parse_args([word for pair in pairs for word in pair if pair[0] in _owned(own)])
+    owned = _owned(own)
+    # FLAG=VALUE, one word: a value that starts with "-" (--hosts=-oProxyCommand=...) stays
+    # the flag's value, which its own check then refuses, instead of a flag of its own.
+    args = own.parse_args(["=".join(pair) for pair in pairs if pair[0] in owned])
     _read_torchrun_flags(args, pairs)
     if not str(args.master_port or 0).isdigit():
         return None  # torch's parser says what is wrong with it
@@ -163,35 +164,3 @@ def _flags(own: argparse.ArgumentParser) -> dict[str, bool]:
         return {}
     ours = {s: a.nargs != 0 for a in own._actions for s in a.option_strings}
     return {**torchrun, **ours}
-
-
-@functools.cache
-def torchrun_flags() -> dict[str, bool]:
-    """The installed torch's torchrun flags, each with whether it takes a value, read from
-    the source of ``torch.distributed.run`` without importing it; empty if not found.
-
-    Example:
-        >>> torchrun_flags()["--nnodes"], torchrun_flags()["--standalone"]
-        (True, False)
-    """
-    spec = importlib.util.find_spec("torch")  # a top-level name: found, not imported
-    if spec is None or spec.origin is None:
-        return {}
-    source = Path(spec.origin).parent / "distributed" / "run.py"
-    try:
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    return {flag: takes for call in ast.walk(tree) for flag, takes in _declared(call).items()}
-
-
-def _declared(node: ast.AST) -> dict[str, bool]:
-    """The flags of one ``parser.add_argument(...)`` call: a ``check_env`` or ``store_*``
-    action takes no value, every other one (``env``, the default) takes one."""
-    if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"):
-        return {}
-    spellings = [a.value for a in node.args if isinstance(a, ast.Constant)]
-    action = next((k.value for k in node.keywords if k.arg == "action"), None)
-    name = getattr(action, "id", getattr(action, "value", ""))
-    switch = name == "check_env" or str(name).startswith(("store_true", "store_false"))
-    return {s: not switch for s in spellings if isinstance(s, str) and s.startswith("-")}

@@ -39,12 +39,24 @@ def launch_folder() -> Iterator[str]:
     the folders of dead launchers are removed first."""
     sweep_dead_launchers()
     folder = tempfile.mkdtemp(prefix=PREFIX)
-    with open(os.path.join(folder, OWNER), "w") as owner:
-        fcntl.flock(owner, fcntl.LOCK_EX)
+    with _locked_owner(folder):
         try:
             yield folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked_owner(folder: str) -> Iterator[None]:
+    """The folder's owner file, locked from the moment it exists: it is made and locked
+    under another name, then renamed into place (a lock is the open file's, and a rename
+    keeps the file). An owner file made and then locked would be, for a moment, one a
+    concurrent sweep could lock, taking a live launcher's folder for a dead one's."""
+    making = os.path.join(folder, f".{OWNER}.making")
+    with open(making, "w") as owner:
+        fcntl.flock(owner, fcntl.LOCK_EX)
+        os.rename(making, os.path.join(folder, OWNER))
+        yield
 
 
 def sweep_dead_launchers(root: str | None = None) -> list[str]:

@@ -9,9 +9,11 @@ gets it alone (``os.kill``), and what it started would run on. This module relay
 signal to the rest of the worker's group the moment it arrives, whatever the main thread
 is doing: Python's own signal handler writes each signal's number into a pipe
 (``signal.set_wakeup_fd``), which a thread reads. A handler that ends the process at once
-relays what is pending first (:func:`relay_pending`). A ``SIGKILL`` (torch's last resort,
-30 s later) cannot be relayed; a child that outlives the stop signal then outlives its
-worker.
+relays what is pending first (:func:`relay_pending`). A signal whose action is the default
+one (``SIGHUP``, ``SIGQUIT``: the kernel ends the process, no Python handler runs, nothing
+reaches the pipe) gets a handler that relays it, then ends the process by that same signal,
+as the default would have. A ``SIGKILL`` (torch's last resort, 30 s later) cannot be
+relayed; a child that outlives the stop signal then outlives its worker.
 
 Example::
 
@@ -26,8 +28,10 @@ import select
 import signal
 import threading
 
+from ddpkit._core.protocol import FORWARDED_SIGNALS
+
 # The signals torch's agent stops workers with: SIGTERM, or the one that stopped the agent.
-RELAYED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT})
+RELAYED = frozenset(getattr(signal, name) for name in FORWARDED_SIGNALS)
 
 _pipe: list[int] = []  # its read and write ends, once relaying
 _lock = threading.Lock()  # a signal's number is read and relayed under it, by one reader
@@ -55,8 +59,19 @@ def relay_stop_signals_to_group() -> bool:
         return False
     _pipe[:] = [read, write]
     os.register_at_fork(after_in_child=_forget_in_child)
+    for sig in RELAYED:  # a default action would end the process before any relay
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _relay_then_default)
     threading.Thread(target=_relay_forever, name="ddpkit-signal-relay", daemon=True).start()
     return True
+
+
+def _relay_then_default(signum: int, _frame: object) -> None:
+    """A relayed signal whose action was the default: relayed, then the default taken (the
+    process ends by that signal, its exit status as before)."""
+    relay_pending()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def relay_pending() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import multiprocessing
 import os
 import runpy
 import shlex
@@ -29,7 +28,8 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ddpkit._core.interpreter import exit_as_python_does
+from ddpkit._compat.elastic import function_worker_result_queue
+from ddpkit._compat.python import exit_as_python_does, os_exit_replaced
 from ddpkit._core.protocol import (
     LAUNCHER_REPORTS_ENV,
     ONE_STREAM_ENV,
@@ -45,7 +45,7 @@ from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
-from ddpkit.launch.forkserver import forget_what_the_server_wrote, take_launcher_stdin
+from ddpkit.launch.forkserver import take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
 from ddpkit.launch.signalrelay import relay_pending, relay_stop_signals_to_group
 
@@ -116,22 +116,20 @@ class RunPath:
         with contextlib.suppress(OSError):  # a session of its own, as torch gives a fresh worker:
             os.setsid()  # Ctrl-C at a terminal reaches the launcher, which stops every worker
         relay_stop_signals_to_group()  # torch signals a fresh worker's group, this one alone
-        fresh_process_state()
         name_this_worker(argv, self.module)
         take_launcher_stdin()
         prepare_worker()
-        real_exit = os._exit
-        os._exit = _returning_exit(real_exit, _torchs_result_queue())
+        exit_ = _returning_exit(os._exit, function_worker_result_queue())
         exiting_as_python = True
         try:
-            _run_as_main(list(argv), self.module)
+            with os_exit_replaced(exit_):
+                _run_as_main(list(argv), self.module)
         except _LeftAtOnce:
             exiting_as_python = False  # os._exit(0) skips them in a fresh interpreter too
         except SystemExit as stop:
             if stop.code not in (None, 0):
                 raise
         finally:
-            os._exit = real_exit
             if exiting_as_python:
                 exit_as_python_does()
         _stopped_once_finished()
@@ -152,28 +150,6 @@ def _leave_finished(_signum: int, _frame: object) -> None:
 
 class _LeftAtOnce(SystemExit):
     """The script called ``os._exit(0)`` on the main thread: a success, without exit handlers."""
-
-
-def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
-    """What a fresh interpreter would have that a function worker does not: the platform's
-    default start method for the script's own processes (DataLoader workers, pools; Python
-    set this worker's to the launcher's spawn or forkserver), torch's thread count from this
-    launch's ``OMP_NUM_THREADS`` (a warm server's torch read the server's at import), no
-    variable torch wrote into the server's environment (its compile cache folder), and
-    NumPy's global generator seeded anew (else every forked rank draws the same).
-
-    Example::
-
-        fresh_process_state()   # first thing in a function worker
-    """
-    multiprocessing.set_start_method(None, force=True)
-    forget_what_the_server_wrote()
-    threads = (os.environ if environ is None else environ).get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0 and "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(int(threads))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()  # from the OS's entropy, as at a fresh import
 
 
 def name_this_worker(argv: Sequence[str], module: bool) -> None:
@@ -219,20 +195,6 @@ def _returning_exit(real_exit: Any, result_queue: Any) -> Any:
         real_exit(code)
 
     return exit_
-
-
-def _torchs_result_queue() -> Any:
-    """The queue in which torch's function-worker wrapper (``_wrap``, a caller of this
-    worker's function) puts the rank's result; torch offers no handle to it. None if not
-    found (a torch that names it otherwise: ``os._exit(0)`` off the main thread then leaves
-    the agent waiting, as under torch's own ``--run-path``)."""
-    frame: Any = sys._getframe(1)
-    while frame is not None:
-        results, rank = frame.f_locals.get("ret_vals"), frame.f_locals.get("local_rank")
-        if isinstance(results, dict) and rank in results:
-            return results[rank]
-        frame = frame.f_back
-    return None
 
 
 def join_streams(environ: Mapping[str, str] | None = None) -> None:

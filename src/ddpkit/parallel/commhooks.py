@@ -21,7 +21,7 @@ from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket
+from torch.distributed import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 

@@ -29,12 +29,19 @@ import platform
 import shutil
 from collections.abc import Iterable, MutableMapping
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from ddpkit._compat.inductor import (
+    compile_counts,
+    default_cache_dir,
+    record_header_builds,
+    use_header_folder,
+)
 from ddpkit._core.atomicfile import atomic_write
+from ddpkit._core.log import logger
+from ddpkit._core.privatefolder import check_private, private_folder
 from ddpkit.parallel.compiled import uncompiled
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's own setting, read each time it is used
@@ -78,22 +85,51 @@ def keep_with_run(
     run_folder: Path, device: torch.device, environ: MutableMapping[str, str] | None = None
 ) -> Path | None:
     """Point torch's compile cache at the run's folder (for what is compiled from now on);
-    the folder, or None when the user chose a cache of their own.
+    the folder, or None when the user chose a cache of their own. The folder is private
+    (:mod:`ddpkit._core.privatefolder`): one that another user owns or others can write is
+    refused with :class:`~ddpkit.errors.UnsafeFolderError`, never loaded from.
 
     Example::
 
         keep_with_run(Path("runs/gpt"), world.device)   # runs/gpt/compile-cache/3f0c...
     """
     env = os.environ if environ is None else environ
-    chosen = env.get(CACHE_ENV)
-    if chosen and Path(chosen).resolve() != Path(_torch_default()).resolve():
+    if user_chose_cache(env):
         return None
-    folder = cache_folder(run_folder, device)
-    folder.mkdir(parents=True, exist_ok=True)
+    run_folder.mkdir(parents=True, exist_ok=True)  # the user's, as the checkpoints make it
+    folder = private_folder(cache_folder(run_folder, device))  # below it: 0700
+    check_private(folder.parent)  # compile-cache/: where a folder of kernels could be swapped
+    use_cache_folder(folder, device, env)
+    return folder
+
+
+def user_chose_cache(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Whether ``TORCHINDUCTOR_CACHE_DIR`` names a folder of the user's (not torch's default).
+
+    Example:
+        >>> user_chose_cache({CACHE_ENV: "/scratch/me/inductor"})
+        True
+    """
+    chosen = (os.environ if environ is None else environ).get(CACHE_ENV)
+    return (
+        chosen is not None
+        and chosen != ""
+        and (Path(chosen).resolve() != Path(_torch_default()).resolve())
+    )
+
+
+def use_cache_folder(
+    folder: Path, device: torch.device, environ: MutableMapping[str, str] | None = None
+) -> None:
+    """Make ``folder`` torch's compile cache, its fingerprint written in it.
+
+    Example::
+
+        use_cache_folder(folder, world.device)
+    """
     facts = json.dumps(fingerprint(device), indent=1).encode()
     atomic_write(folder / FINGERPRINT_FILE, lambda out: out.write(facts))
-    env[CACHE_ENV] = str(folder.resolve())
-    return folder
+    (os.environ if environ is None else environ)[CACHE_ENV] = str(folder.resolve())
 
 
 HEADERS = "precompiled_headers"  # inductor's C++ precompiled headers, kept with the run
@@ -115,25 +151,10 @@ def keep_headers_with(folder: Path) -> bool:
 
         keep_headers_with(keep_with_run(Path("runs/gpt"), world.device))
     """
-    from torch._inductor import codecache
-
-    if not hasattr(codecache, "_HEADER_DIR") or not hasattr(codecache, "_precompile_header"):
-        return False  # a torch that keeps them otherwise
     kept = folder / HEADERS
     if kept.is_dir():
-        codecache._HEADER_DIR = str(kept)
-        codecache._HEADER_LOCK_DIR = str(kept / "locks")
-    elif not hasattr(codecache._precompile_header, "ddpkit_records"):
-        build = codecache._precompile_header
-
-        def recorded(*args: Any, **kwargs: Any) -> str:
-            path = build(*args, **kwargs)
-            _headers_used.append(path)
-            return path
-
-        recorded.ddpkit_records = True  # type: ignore[attr-defined]
-        codecache._precompile_header = recorded  # type: ignore[assignment]
-    return True
+        return use_header_folder(str(kept))
+    return record_header_builds(_headers_used.append)
 
 
 def keep_used_headers(folder: Path) -> None:
@@ -156,14 +177,17 @@ def keep_used_headers(folder: Path) -> None:
                 if file.exists():
                     shutil.copy2(file, partial / file.name)
         partial.rename(kept)  # fails if another rank's copy got there first
-    except OSError:
+    except OSError as err:
         shutil.rmtree(partial, ignore_errors=True)
+        if not kept.is_dir():  # not another rank's copy that won: this node's copy failed
+            logger.warning(
+                f"the precompiled headers were not kept with the run in {kept} ({err}); a "
+                "resume on another node builds them again (about 4 s)"
+            )
 
 
 def _torch_default() -> str:
     """The folder torch uses when none is set (it writes it into the environment once used)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     return default_cache_dir()
 
 
@@ -199,9 +223,8 @@ def cache_counts() -> tuple[int, int]:
 
         found, built = cache_counts()
     """
-    from torch._dynamo.utils import counters  # imported already when a model is compiled
-
-    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+    found, built, _ = compile_counts() or (0, 0, 0)
+    return found, built
 
 
 # Said when a compiled model's first step captured no graph: torch ran it eagerly, silently.
@@ -220,6 +243,5 @@ def captured_graphs() -> int:
 
         if captured_graphs() == 0: logger.warning(RAN_EAGERLY)
     """
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
+    counts = compile_counts()
+    return 1 if counts is None else counts[2]  # unknown: not said to have compiled nothing

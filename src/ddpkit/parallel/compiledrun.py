@@ -3,13 +3,18 @@ compiling cost its first step.
 
 A checkpoint folder on a file system holds torch's compile cache itself
 (:func:`ddpkit.parallel.compilecache.keep_with_run`). An object store cannot be torch's cache:
-there each node compiles into a folder of its temporary directory, named by the store's URL,
-and the run carries that folder in the store as one archive per machine fingerprint
-(``compile-cache/<fingerprint>.tar.gz``). It is unpacked before the first compile when the
-store has it, and written back by rank 0 after a first step that compiled something new; so
-a pod recreated on a node with an empty disk does not compile again what the run compiled.
-The archive holds compiled code: keep the bucket writable by the run alone, as its
-checkpoints.
+there each node compiles into a private folder of this user's (``$XDG_CACHE_HOME/ddpkit``, else
+``ddpkit-<uid>`` in the temporary directory: mode 0700, checked to be this user's and
+writable by nobody else), named by the store's URL, and the run carries that folder in the
+store as one archive per machine fingerprint (``compile-cache/<fingerprint>.tar.gz``). It
+is unpacked before the first compile when the store has it, into a folder of its own that
+is renamed into place once whole (a crash while unpacking leaves nothing that is used), and
+written back by rank 0 after a first step that compiled something new; so a pod recreated
+on a node with an empty disk does not compile again what the run compiled. The archive holds
+compiled code: keep the bucket writable by the run alone, as its checkpoints.
+
+A kernel folder that is not private (another owner, or writable by others) is never loaded:
+the run says so, names it, and compiles without the run's kernels.
 
 Example::
 
@@ -22,6 +27,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
@@ -32,17 +39,22 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
+from ddpkit._core.privatefolder import check_private, private_folder, user_cache_root
+from ddpkit.errors import UnsafeFolderError
 from ddpkit.parallel.compilecache import (
     CACHE_FOLDER,
     FINGERPRINT_FILE,
     RAN_EAGERLY,
     any_compiled,
     cache_counts,
+    cache_folder,
     captured_graphs,
     compile_summary,
     keep_headers_with,
     keep_used_headers,
     keep_with_run,
+    use_cache_folder,
+    user_chose_cache,
 )
 
 
@@ -106,13 +118,21 @@ def kernels_for_run(
     """
     if not any_compiled(models):
         return None
-    if local is not None:
-        folder = keep_with_run(local, device)
-        if folder is not None:
-            keep_headers_with(folder)  # (not for a store: 150 MB more in each archive)
-            logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
-        return CompiledRun(folder, None)
-    return CompiledRun(_unpacked_from(store, device) if store else None, store)
+    try:
+        if local is not None:
+            return CompiledRun(_kept_in(local, device), None)
+        return CompiledRun(_unpacked_from(store, device) if store else None, store)
+    except UnsafeFolderError as err:
+        logger.warning(f"compiled kernels are not kept with the run: {err}")
+        return CompiledRun(None, None)
+
+
+def _kept_in(local: Path, device: torch.device) -> Path | None:
+    folder = keep_with_run(local, device)
+    if folder is not None:
+        keep_headers_with(folder)  # (not for a store: 150 MB more in each archive)
+        logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
+    return folder
 
 
 def archive_name(folder: Path) -> str:
@@ -126,17 +146,23 @@ def archive_name(folder: Path) -> str:
 
 
 def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
-    """This node's folder for the store's kernels, filled from its archive when empty (one
-    rank per node unpacks; the others wait for it)."""
-    root = Path(tempfile.gettempdir()) / "ddpkit-compile-cache"
-    folder = keep_with_run(root / hashlib.sha256(store.url.encode()).hexdigest()[:16], device)
-    if folder is None:  # the user's own TORCHINDUCTOR_CACHE_DIR
+    """This node's private folder for the store's kernels, unpacked from its archive when
+    the node has none (one rank per node unpacks; the others wait for it)."""
+    if user_chose_cache():  # the user's own TORCHINDUCTOR_CACHE_DIR
         return None
+    root = private_folder(user_cache_root() / "compile-cache")
+    folder = cache_folder(root / hashlib.sha256(store.url.encode()).hexdigest()[:16], device)
+    private_folder(folder.parent)
     with _node_lock(folder):
-        if any(entry.name != FINGERPRINT_FILE for entry in folder.iterdir()):
-            logger.info(f"compiled kernels of the run already on this node in {folder}")
-            return folder
-        size = store.fetch(archive_name(folder), folder)
+        if os.path.lexists(folder):  # only ever renamed into place whole
+            check_private(folder)
+            if _holds_kernels(folder):
+                use_cache_folder(folder, device)
+                logger.info(f"compiled kernels of the run already on this node in {folder}")
+                return folder
+            shutil.rmtree(folder)  # nothing compiled here yet: the store may have some now
+        size = _unpack_whole(store, archive_name(folder), folder)
+    use_cache_folder(folder, device)
     where = store.location(archive_name(folder))
     logger.info(
         f"compiled kernels of the run: {size / 1024:.0f} KB from {where}, in {folder}"
@@ -144,6 +170,23 @@ def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
         else f"no compiled kernels in {where} yet for this machine: compiling, then kept there"
     )
     return folder
+
+
+def _holds_kernels(folder: Path) -> bool:
+    return any(entry.name != FINGERPRINT_FILE for entry in folder.iterdir())
+
+
+def _unpack_whole(store: KernelStore, name: str, folder: Path) -> int:
+    """Archive ``name`` unpacked into a fresh private folder beside ``folder``, renamed to it
+    once whole; its bytes (0: none in the store, an empty folder made all the same)."""
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.unpacking-", dir=folder.parent))
+    try:
+        size = store.fetch(name, partial)
+        partial.rename(folder)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return size
 
 
 @contextlib.contextmanager

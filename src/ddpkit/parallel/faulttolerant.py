@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,7 +59,8 @@ class Restorable(Protocol):
 
 
 class Dealer(Protocol):
-    """What deals the batches among the groups (:class:`ReplicaBatches`)."""
+    """What deals the batches among the groups
+    (:class:`~ddpkit.parallel.replicabatches.ReplicaBatches`)."""
 
     def loss_weight(self, participants: int) -> float: ...
 
@@ -186,7 +188,11 @@ class ReplicaGroups:
         except RuntimeError as err:
             said = f"within {strategy.timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
-                              f"{lighthouse} {said}") from None  # fmt: skip
+                              f"{lighthouse} {said}") from err  # fmt: skip
+        # torchft's servers (the manager's, the heal transport's) stop when the process ends,
+        # however the run ends, or once this object is gone: the lighthouse then sees the
+        # group leave at once, and no thread of torchft's holds the process open.
+        self.close = weakref.finalize(self, _shut_down, self.manager)
         # quorum numbers that a restarted lighthouse does not give out again
         install_quorum_numbers(self.manager)
         self._open = False  # a quorum asked for and not voted on yet
@@ -235,7 +241,7 @@ class ReplicaGroups:
                 f"within {self.timeout_s:g} s, {self.retries} retries included ({err}); is the "
                 "lighthouse running? A longer outage needs a larger "
                 "FaultTolerantStrategy(timeout_s=...)"
-            ) from None
+            ) from err
         return None if rank is None else int(rank)
 
     def loss_weight(self) -> float:
@@ -293,6 +299,13 @@ class ReplicaGroups:
         self._last_step = step
 
 
+def _shut_down(manager: Any) -> None:
+    try:
+        manager.shutdown(wait=False)
+    except Exception as err:  # at exit: said, never raised over the run's own ending
+        logger.warning(f"torchft's manager did not shut down cleanly: {err}")
+
+
 def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
     """Every parameter's gradient, a zero one where backward left none: each group must
     all-reduce the same tensors in the same order."""
@@ -311,7 +324,7 @@ def _group_store(world: World) -> tuple[Any, str, int]:
     if world.world_size != 1:
         raise ConfigError("FaultTolerantStrategy needs the group's store in MASTER_ADDR and "
                           "MASTER_PORT: start each replica group with ddpkit run")  # fmt: skip
-    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     return store, "127.0.0.1", store.port
@@ -328,6 +341,6 @@ def import_torchft(who: str = "FaultTolerantStrategy") -> Any:
     os.environ.setdefault("RUST_LOG", "warn")
     try:
         import torchft
-    except ImportError:
-        raise ConfigError(f"{who} needs torchft: {INSTALL}") from None
+    except ImportError as err:  # missing, or installed and broken: said as it is
+        raise ConfigError(f"{who} needs torchft, which did not import ({err}): {INSTALL}") from err
     return torchft

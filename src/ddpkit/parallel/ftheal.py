@@ -29,9 +29,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import torch
-from torch.distributed._serialization import _streaming_load
-from torchft.checkpointing.http_transport import HTTPTransport
 
+from ddpkit._compat.serialization import streaming_load
+from ddpkit._compat.torchft import heal_transport_base
 from ddpkit._core.system import route_to
 
 
@@ -57,7 +57,7 @@ class Heal:
                 f"over {route}: {self.nbytes / 2**20:.2f} MiB in {self.seconds:.2f} s")  # fmt: skip
 
 
-class HealTransport(HTTPTransport):  # type: ignore[misc]  # torchft's, untyped
+class HealTransport(heal_transport_base()):  # type: ignore[misc]  # torchft's, untyped
     """torchft's HTTP transport, loading a peer's state with ``weights_only=True`` and
     noting each heal (:attr:`last_heal`).
 
@@ -77,7 +77,7 @@ class HealTransport(HTTPTransport):  # type: ignore[misc]  # torchft's, untyped
             warnings.catch_warnings(),
         ):
             warnings.filterwarnings("ignore", "The given buffer is not writable")
-            state = _streaming_load(stream, weights_only=True)  # never unpickle a peer's data
+            state = streaming_load(stream)  # weights_only: never unpickle a peer's data
         return _owned(state)
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:

@@ -8,13 +8,13 @@ process group while the others build a new one, or they read the addresses an ea
 quorum left under that prefix and connect to ports nobody listens on any more (seen in CI:
 ``Connection refused``, then the surviving group stuck in gloo's connect until its timeout).
 
-:class:`QuorumNumbers` stands between torchft's manager and its client and renumbers each
-quorum by what every member of it knows alike: the lighthouse's number, its members and
-the step it was formed at. A quorum that goes on keeps its number; a new one, after a
-restart too, gets a number no earlier quorum had.
+:class:`QuorumNumbers` renumbers each quorum torchft's manager receives (through
+:func:`ddpkit._compat.torchft.renumber_quorums`) by what every member of it knows alike:
+the lighthouse's number, its members and the step it was formed at. A quorum that goes on
+keeps its number; a new one, after a restart too, gets a number no earlier quorum had.
 
 Example:
-    >>> numbers = QuorumNumbers(client=None)
+    >>> numbers = QuorumNumbers()
     >>> first = numbers.renumber(1, ["g0:a", "g1:b"], step=3)
     >>> numbers.renumber(1, ["g1:b", "g0:a"], step=9) == first    # the same quorum, on
     True
@@ -27,29 +27,21 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from ddpkit._core.log import logger
+from ddpkit._compat.torchft import renumber_quorums
 
 
 class QuorumNumbers:
-    """torchft's manager client, each call passed through, each quorum renumbered.
+    """The numbers given to one manager's quorums: the same while a quorum goes on, a new
+    one for each new quorum, a restarted lighthouse's included.
 
     Example::
 
-        manager._client = QuorumNumbers(manager._client)   # see install()
+        renumber_quorums(manager, QuorumNumbers().renumber)   # see install()
     """
 
-    def __init__(self, client: Any) -> None:
-        self._client = client
+    def __init__(self) -> None:
         self._last: tuple[int, tuple[str, ...]] | None = None
         self._number = 0
-
-    def __getattr__(self, name: str) -> Any:  # everything but the quorum, as torchft's
-        return getattr(self._client, name)
-
-    def _quorum(self, *args: Any, **kwargs: Any) -> Any:
-        quorum = self._client._quorum(*args, **kwargs)
-        number = self.renumber(quorum.quorum_id, quorum.replica_ids, quorum.max_step)
-        return _Renumbered(quorum, number)
 
     def renumber(self, lighthouse_number: int, members: list[str], step: int) -> int:
         """The number for a quorum the lighthouse numbered ``lighthouse_number``; members
@@ -62,27 +54,12 @@ class QuorumNumbers:
         return self._number
 
 
-class _Renumbered:
-    """A quorum answer with another number; every other field as torchft gave it."""
-
-    def __init__(self, quorum: Any, number: int) -> None:
-        self._quorum, self.quorum_id = quorum, number
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._quorum, name)
-
-
 def install(manager: Any) -> bool:
     """Renumber ``manager``'s quorums; whether it could (a torchft whose manager has no
-    ``_client`` keeps its own numbers).
+    quorum client as 0.2 has keeps its own numbers, said once).
 
     Example::
 
         install(torchft.Manager(...))
     """
-    client = getattr(manager, "_client", None)
-    if client is None or not hasattr(client, "_quorum"):
-        logger.debug("torchft's manager has no _client._quorum: quorum numbers left as they are")
-        return False
-    manager._client = QuorumNumbers(client)
-    return True
+    return renumber_quorums(manager, QuorumNumbers().renumber)

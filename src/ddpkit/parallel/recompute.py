@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from ddpkit._compat.checkpointing import recompute_wrapper
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import option_text
 
@@ -47,15 +48,9 @@ def checkpoint_blocks(model: nn.Module, classes: Sequence[type[nn.Module]], ever
         >>> checkpoint_blocks(nn.Sequential(nn.Linear(1, 1), nn.ReLU()), (nn.Linear,))
         1
     """
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-        CheckpointImpl,
-        checkpoint_wrapper,
-    )
-
     chosen = _outermost(model, tuple(classes))[::every]
     for parent, name, block in chosen:
-        wrapped = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
-        setattr(parent, name, wrapped)
+        setattr(parent, name, recompute_wrapper(block))
     return len(chosen)
 
 

@@ -9,8 +9,9 @@ once the step is committed everywhere the cursor moves on by ``k * W``. A step t
 committed (a group died during the exchange) moves nothing: its slices are dealt again at
 the next step, to the groups still there. A rank that finds no slice left (the epoch's last
 step) computes on a filler whose loss is weighed 0, and the others' are weighed so that the
-step averages over the samples trained, not over every rank (:meth:`loss_weight`); a group
-that is healing takes part with zero gradients, as torchft has it. Every group ends the
+step averages over the samples trained, not over every rank
+(:meth:`ReplicaBatches.loss_weight`); a group that is healing takes part with zero gradients,
+as torchft has it. Every group ends the
 epoch at the same step, when the cursor has passed the last slice.
 
 In ``ddpkit verify``'s single-process reference, standing in for ``R`` ranks, the one

@@ -23,7 +23,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from torch._C._distributed_c10d import FileStore, Store
+from torch.distributed import FileStore, Store
 
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit.errors import ConfigError, RendezvousError

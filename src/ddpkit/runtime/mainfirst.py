@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from torch._C._distributed_c10d import Store
+from torch.distributed import Store
 
+from ddpkit._compat.python import caller_frame
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit.errors import MainRankStalledError
 from ddpkit.runtime.session import current_world
@@ -135,5 +135,7 @@ def _barrier_fallback(world_size: int, unwatched: bool) -> Iterator[None]:
 
 def _call_site() -> str:
     """``file.py:line`` of the ``with main_first():`` statement."""
-    frame = sys._getframe(3)  # _call_site <- main_first <- contextmanager's __enter__ <- caller
+    frame = caller_frame(3)  # _call_site <- main_first <- contextmanager's __enter__ <- caller
+    if frame is None:
+        return "the with statement"
     return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"

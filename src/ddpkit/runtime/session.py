@@ -25,7 +25,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
+from torch.distributed import Store
 
 from ddpkit._core import log
 from ddpkit._core.envvars import positive_int_var

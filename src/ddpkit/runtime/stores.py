@@ -17,7 +17,7 @@ from datetime import timedelta
 
 # The store classes' real home; torch.distributed re-exports them, but only this module has
 # type stubs for them.
-from torch._C._distributed_c10d import Store, TCPStore
+from torch.distributed import Store, TCPStore
 
 from ddpkit._core.system import listening_pid
 from ddpkit._core.text import ranks_text

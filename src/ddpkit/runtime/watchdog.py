@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from torch._C._distributed_c10d import PrefixStore, Store
+from torch.distributed import PrefixStore, Store
 
 from ddpkit._core.envvars import seconds_var
 from ddpkit._core.log import EVERY_RANK, logger

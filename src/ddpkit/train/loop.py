@@ -69,7 +69,7 @@ class TrainLoop:
         ...         with loop.autocast():  # the run's precision; fp32: nothing
         ...             loss = torch.nn.functional.mse_loss(model(x), y)
         ...         loop.backward(loss)  # the NaN/inf check, accumulation, loss scaling
-        ...         loop.optimizer_step(opt)  # the guard's verdict, step, zero_grad
+        ...         _ = loop.optimizer_step(opt)  # the guard's verdict, step, zero_grad
         ddpkit: training an unwrapped model; global batch 2 = 2 per device x 1 rank; lr 0.1; fp32
         epoch 1/2  loss ... epoch 2/2  loss ...
         >>> loop.step, loop.epoch
@@ -226,16 +226,19 @@ class TrainLoop:
         if self._progress is not None:
             self._progress.note_loss(loss)
 
-    def optimizer_step(self, *optimizers: torch.optim.Optimizer) -> None:
+    def optimizer_step(self, *optimizers: torch.optim.Optimizer) -> bool:
         """The guard's verdict, then ``opt.step()`` and ``opt.zero_grad()`` for each of
         ``optimizers`` (default: all). Every rank calls it alike (it may exchange flags with
-        the others). Before an accumulation group's last batch it does nothing."""
+        the others). Whether this was a step (``loop.step`` moves on; step your schedulers
+        then): False before an accumulation group's last batch, where it does nothing, and
+        for a step replica groups dropped."""
         self.monitor.phase("optimizer step")
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
         # _stop_signal() written out: a call saved on every step's path
         signal = self._signals.signum if self._signals is not None else 0
         self.updater.optimizer_step(chosen, self._even, signal)
+        return self.updater.stepped
 
     def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
         """This batch's metrics (each a mean over ``samples``, default the batch's size) for

@@ -106,16 +106,17 @@ class Updater:
             return
         verdict = self.guard.check(collective, stop_signal)
         if verdict.nonfinite:
-            self._skip_nonfinite(verdict.nonfinite, optimizers)
+            self._skip_nonfinite(verdict.nonfinite, optimizers)  # a step all the same
+            taken = True
         else:
-            self._step(optimizers)
-        self._stop = self._stop or verdict.stop
-        self.stepped = True
+            taken = self._step(optimizers)
+        self._stop = self._stop or verdict.stop  # a dropped step's stop: the next step's
+        self.stepped = taken
 
     def end_group(self) -> tuple[bool, str | None]:
         """After a micro-batch's body: whether it ended a group that stepped (then the grad
-        scaler, the per-step schedulers and the step count move on), and the stop signal
-        any rank got in it."""
+        scaler, the per-step schedulers and the step count move on; not after a step the
+        replica groups dropped), and the stop signal any rank got in it."""
         if not (self.final and self.stepped):
             return False, None
         self.stepped = False
@@ -138,10 +139,14 @@ class Updater:
         for optimizer in self.run.optimizers.values():
             optimizer.zero_grad(set_to_none=True)
 
-    def _step(self, optimizers: list[torch.optim.Optimizer]) -> None:
+    def _step(self, optimizers: list[torch.optim.Optimizer]) -> bool:
+        """The update; False when the replica groups dropped it (on every group alike):
+        then nothing moves on, not the step, the schedulers nor the batches dealt, as
+        torchft counts committed steps only (a resumed group's step is compared with its
+        peers' to choose who heals from whom)."""
         if not self.run.strategy.finish_update(self.run.model):
-            self.zero_grad()  # dropped on every replica group alike
-            return
+            self.zero_grad()
+            return False
         for optimizer in optimizers:
             if self.clip_grad_norm is not None:
                 self.precision.unscale(optimizer)  # clip the true gradients, not scaled ones
@@ -152,6 +157,7 @@ class Updater:
                 torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
             self.precision.step(optimizer)
             optimizer.zero_grad(set_to_none=True)
+        return True
 
     def _skip_nonfinite(
         self, ranks: dict[int, str], optimizers: list[torch.optim.Optimizer]

@@ -6,10 +6,14 @@ agent waiting for a result that never comes."""
 from __future__ import annotations
 
 import re
+import signal
+import subprocess
+import sys
 
 import pytest
 
-from helpers.launch_helpers import SCRIPTS, ddpkit_cli
+from helpers.jobs import wait_until
+from helpers.launch_helpers import REPO, SCRIPTS, ddpkit_cli
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(170)]
 
@@ -56,7 +60,10 @@ def test_a_failing_script_fails_the_job_naming_the_rank(mode: str, said: str, me
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> None:
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # Not ddpkit's default for 2 workers on 2 cores (1): the user's value must reach torch.
+    # (A warm server's torch reading one launch's value and a later launch's another:
+    # test_warm_spawn.py, where two launches share a server.)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
     code, out = run("state", method)
     assert code == 0, out
     states = dict(re.findall(r"state rank=(\d) (.+)", out))
@@ -64,7 +71,7 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
     draws = set()
     for state in states.values():
         fields = dict(part.split("=", 1) for part in state.split(" "))
-        assert fields["threads"] == "1" and fields["main"] == "__main__", state
+        assert fields["threads"] == "3" and fields["main"] == "__main__", state
         assert fields["mp"] == "fork", state  # the script's own pools: the platform default
         assert fields["session"] == "True", state  # a terminal's Ctrl-C reaches the launcher
         assert fields["argv"] == "['state']", state
@@ -134,3 +141,33 @@ def test_a_stopped_workers_own_children_are_stopped_with_it(method: str, tmp_pat
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "rank 1 fails" in out, out
     assert report.read_text().splitlines() == ["child started", "child stopped by SIGTERM"], out
+
+
+# Every forwarded signal, on warm workers (a spawned function worker runs the same relay);
+# two of them (SIGHUP, SIGQUIT) have the kernel's default action, which no Python handler sees.
+@pytest.mark.parametrize("method", ["forkserver"])
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"])
+def test_every_signal_that_stops_the_launcher_reaches_a_workers_children(
+    stop: str, method: str, tmp_path
+) -> None:
+    """Each signal torch's agent passes on (docs/torchrun.md: SLURM's SIGUSR1 warning among
+    them) reaches what a function worker's script started, as killpg reaches a fresh
+    worker's: the child of rank 0 says which signal stopped it."""
+    report, log = tmp_path / "child.txt", tmp_path / "job.log"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--run-path",
+             "--start-method", method, SCRIPT, "child_waits", str(report)],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        started = lambda: report.exists() and "child started" in report.read_text()  # noqa: E731
+        wait_until(lambda: started() or job.poll() is not None, 120, "rank 0's child")
+        assert started(), log.read_text()
+        job.send_signal(getattr(signal, stop))
+        job.wait(timeout=60)
+    finally:
+        job.kill()
+    wait_until(lambda: len(report.read_text().splitlines()) == 2, 20, f"the child's {stop}")
+    said = report.read_text().splitlines()
+    assert said == ["child started", f"child stopped by {stop}"], log.read_text()

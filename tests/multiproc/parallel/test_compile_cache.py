@@ -42,9 +42,39 @@ def test_a_resume_reuses_the_kernels_and_another_machine_compiles_anew(tmp_path:
     assert first["said"] == [f"ddpkit: first step {first['said'][0].split()[3]} s, compiling "
                              f"included: 0 graph(s) from the compile cache, {first['miss']} "
                              "compiled"], first  # fmt: skip
+    # inductor's real precompiled header (no stand-in): built on the first node, kept with
+    # the run, and taken from there by the resume on a node whose own header folder is empty
+    kept = sorted(p.name for p in (caches[0] / "precompiled_headers").iterdir())
+    assert any(name.endswith(".gch") for name in kept), kept
     resumed = train(tmp_path, 2)  # a fresh process, as a restart or another node
     assert resumed["hit"] > 0 and resumed["miss"] == 0, resumed
+    nodes_own = tmp_path.parent / "node-2" / "torchinductor_root" / "precompiled_headers"
+    assert not list(nodes_own.glob("*.gch")), list(nodes_own.iterdir())  # not built again
     assert f"{resumed['hit']} graph(s) from the compile cache, 0 compiled" in resumed["said"][0]
     elsewhere = train(tmp_path, 3, "ANOTHER_ISA")
     assert elsewhere["miss"] > 0 and elsewhere["hit"] == 0, elsewhere
     assert len(list((tmp_path / "compile-cache").iterdir())) == 2
+
+
+def test_warm_workers_restart_with_the_runs_kernels(tmp_path: Path) -> None:
+    """Two warm launches (workers forked from a server that imported torch once) of a
+    compiled model, the second as a restart on a new node with its own empty /tmp: it
+    reuses the run's kernels. (The server's torch wrote its own cache folder into the
+    server's environment, which a fork would take for the user's choice.)"""
+    runs = []
+    for epochs in (1, 2):
+        node = tmp_path / f"n{epochs}"
+        node.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1", "--run-path",
+                   "--start-method", "forkserver", str(SCRIPTS / "compiled_resume.py"),
+                   str(tmp_path / "run"), str(epochs)]  # fmt: skip
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=200,
+                              env={**env, "TMPDIR": str(node)})  # fmt: skip
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-3000:]
+        assert "workers forked from a server that imported torch once" in out, out[-3000:]
+        line = next(x for x in out.splitlines() if "cache {" in x)
+        runs.append(json.loads(line.split("cache ", 1)[1]))
+    assert runs[0]["miss"] > 0, runs  # the first run compiles
+    assert runs[1]["hit"] > 0 and runs[1]["miss"] == 0, runs  # the restart loads

@@ -1,8 +1,10 @@
 """**Experimental** FaultTolerantStrategy (torchft): two replica groups of one process each,
 a lighthouse, one group killed with -9 mid-run. The other trains on without a restart (its
-step count never goes back), the killed one is started again and heals from it, every batch
-is trained on once per epoch whichever groups were alive (ReplicaBatches), and both end with
-identical weights."""
+step count never goes back), the killed one is started again and heals from it, every sample
+is trained on once per epoch whichever groups were alive (ReplicaBatches; read from the
+samples each committed step trained, not from the ledger), and both end with identical
+weights. Steps a quorum of 2 took are counted, not assumed: fixed seeds make two groups that
+never met end identical too. A dropped step moves nothing on: the run ends as without it."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,16 +27,24 @@ from helpers.jobs import kill_9, wait_until, workers_of
 from helpers.launch_helpers import REPO, SCRIPTS
 
 torchft = pytest.importorskip("torchft", reason="pip install 'ddpkit[ft]'")
-pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
+# Each test's timeout is over the sum of its own waits (a slow machine fails a wait, with the
+# group's output, before pytest-timeout cuts it short without it).
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(360)]
 
-EPOCHS, BATCHES = 20, 12  # replica_group.py's: 48 samples in batches of 4; 240 steps alone
+EPOCHS, SAMPLES = 20, 48  # replica_group.py's: 48 samples in batches of 4; 240 steps alone
+SHORT = 5  # epochs of the runs compared with a reference run (6 steps each with 2 groups)
+# Runs whose every step needs both groups: the lighthouse forms no quorum of one, and a
+# group waits up to a minute for the other to start (seconds apart on a loaded machine).
+BOTH = ["--min-groups", "2", "--timeout", "60"]
 
 
-def start_lighthouse(port: int = 0) -> tuple[subprocess.Popen[str], str]:
+def start_lighthouse(port: int = 0, min_groups: int = 1) -> tuple[subprocess.Popen[str], str]:
     """``ddpkit lighthouse`` on ``port`` (0: a free one), a heartbeat timeout of 1 s; the
-    server and its address."""
+    server and its address. ``min_groups=2``: no quorum until both groups are there (on a
+    loaded machine one group can start seconds after the other: a quorum of the first one
+    alone would leave it waiting in an exchange the second never joins)."""
     command = [sys.executable, "-m", "ddpkit", "lighthouse", "--bind", f"127.0.0.1:{port}",
-               "--heartbeat-ms", "1000"]  # fmt: skip
+               "--heartbeat-ms", "1000", "--min-groups", str(min_groups)]  # fmt: skip
     server = subprocess.Popen(command, cwd=REPO, text=True, stderr=subprocess.PIPE)
     assert server.stderr is not None
     said = next(line for line in server.stderr if "lighthouse at " in line)
@@ -52,15 +63,25 @@ def lighthouse() -> Iterator[str]:
     assert server.wait(timeout=30) == 0
 
 
+@pytest.fixture
+def lighthouse_of_two() -> Iterator[str]:
+    """A lighthouse whose quorums hold both groups (each step by the two of them)."""
+    server, address = start_lighthouse(min_groups=2)
+    yield address
+    server.terminate()
+    assert server.wait(timeout=30) == 0
+
+
 class Group:
     """One replica group: ``ddpkit run --nproc 1`` of the script, its output in a file."""
 
-    def __init__(self, index: int, lighthouse: str, folder: Path, *face: str) -> None:
+    def __init__(self, index: int, lighthouse: str, folder: Path, *face: str,
+                 epochs: int = EPOCHS) -> None:  # fmt: skip
         self.index, self.out = index, folder / f"group{index}.pt"
         self.log = folder / f"group{index}-{time.monotonic_ns()}.log"
         env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
                "RUST_LOG": "warn"}  # fmt: skip
-        script = [str(SCRIPTS / "replica_group.py"), str(self.out), str(EPOCHS), *face]
+        script = [str(SCRIPTS / "replica_group.py"), str(self.out), str(epochs), *face]
         command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1", *script]
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
@@ -68,28 +89,77 @@ class Group:
                 start_new_session=True,
             )  # fmt: skip
 
+    def counts(self) -> list[tuple[int, int]]:
+        """(ddpkit's step, torchft's step) after each batch."""
+        found = re.findall(r"\] step (\d+) torchft (\d+)$", self.text(), re.M)
+        return [(int(mine), int(theirs)) for mine, theirs in found]
+
     def steps(self) -> list[int]:
-        return [int(n) for n in re.findall(r"\] step (\d+)$", self.text(), re.M)]
+        return [mine for mine, _ in self.counts()]
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def trained(self) -> list[dict[str, Any]]:
+        """Each committed step's line: epoch, step, groups in it, the samples trained here."""
+        path = Path(f"{self.out}.trained.jsonl")
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        return torch.load(self.out, weights_only=True)
+
+    def finish(self, timeout: float) -> None:
+        assert self.process.wait(timeout=timeout) == 0, self.text()[-3000:]
+
+
+def each_sample_once(groups: list[Group], epochs: range, lost_in: dict[int, int]) -> None:
+    """Every epoch's samples trained by the groups' committed steps together: none twice,
+    none left out; ``lost_in``: epochs where a group killed between a committed step and its
+    record may have left up to that many samples unrecorded."""
+    for epoch in epochs:
+        trained = [s for g in groups for line in g.trained() if line["epoch"] == epoch
+                   for s in line["samples"]]  # fmt: skip
+        twice = sorted(s for s in set(trained) if trained.count(s) > 1)
+        missing = sorted(set(range(SAMPLES)) - set(trained))
+        assert not twice, (epoch, twice)
+        assert len(missing) <= lost_in.get(epoch, 0), (epoch, missing)
+
+
+def same_weights(*runs: dict[str, torch.Tensor]) -> bool:
+    first = runs[0]
+    return all(r.keys() == first.keys() and all(torch.equal(r[k], first[k]) for k in first)
+               for r in runs[1:])  # fmt: skip
+
+
+def steps_agree(group: Group) -> None:
+    """ddpkit's step and torchft's step, equal after every batch: a dropped step counted by
+    one and not the other would make a resumed group look ahead of its live peers."""
+    counts = group.counts()
+    assert counts and all(mine == theirs for mine, theirs in counts), counts
+
+
+@pytest.mark.timeout(420)  # its waits: 370 s at most
 def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     lighthouse: str, tmp_path: Path
 ) -> None:
-    survivor = Group(0, lighthouse, tmp_path)  # first: its record then holds every step
-    wait_until(lambda: bool(survivor.steps()), 120, "group 0's first step")
+    hold = tmp_path / "hold"  # group 0 waits there for group 1 to be back, not ending first
+    survivor = Group(0, lighthouse, tmp_path, "--hold", str(hold))
+    wait_until(lambda: bool(survivor.steps()), 90, "group 0's first step")
     doomed = Group(1, lighthouse, tmp_path)  # it heals from group 0 on joining
-    wait_until(lambda: len(doomed.steps()) >= 6, 120, "group 1 training beside group 0")
+    wait_until(lambda: sum(line["groups"] == 2 for line in doomed.trained()) >= 6, 60,
+               "group 1 training beside group 0, a quorum of 2")  # fmt: skip
     kill_9(doomed.process, workers_of(doomed.process.pid))
     at_kill = max(survivor.steps())
-    wait_until(lambda: max(survivor.steps()) >= at_kill + 10, 60, "group 0 training alone")
+    killed_epoch = doomed.trained()[-1]["epoch"]
+    hold.write_text(str(at_kill + 10))
+    wait_until(lambda: max(survivor.steps()) >= at_kill + 10, 40, "group 0 training alone")
     said = "with 1 replica group(s) (was 2): group 1 left (silent past the lighthouse's"
     assert said in survivor.text(), survivor.text()[-3000:]
     back = Group(1, lighthouse, tmp_path)
-    assert survivor.process.wait(timeout=120) == 0, survivor.text()[-3000:]
-    assert back.process.wait(timeout=60) == 0, back.text()[-3000:]
+    wait_until(lambda: "fault-tolerant across groups" in back.text(), 60, "group 1 back")
+    Path(f"{hold}.go").touch()
+    survivor.finish(timeout=90)
+    back.finish(timeout=30)
     steps = survivor.steps()
     assert steps == sorted(steps), steps  # never went back
     healed = re.search(r"healed at step \d+ \(was at step 0\): the run's state from the "
@@ -98,66 +168,113 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     assert healed and float(healed[4]) > 0, back.text()[-3000:]
     assert healed[3] == route_to(healed[1])[1]  # the interface the peer is reached over
     assert back.steps()[0] > at_kill, (back.steps()[0], at_kill)  # it took up the run there
-    final = [torch.load(g.out, weights_only=True) for g in (survivor, back)]
-    assert final[0].keys() == final[1].keys()
-    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
-    # The survivor saw every committed step of the job: each batch once in each epoch,
-    # those of the steps group 1 died in dealt again (its record ends where it rejoined).
-    record = json.loads(Path(f"{survivor.out}.json").read_text())
-    assert record["epochs"] == EPOCHS
-    for epoch in range(EPOCHS):
-        done = sorted(b for e, batches in record["record"] if e == epoch for b in batches)
-        assert done == list(range(BATCHES)), (epoch, done)
-    rejoined = json.loads(Path(f"{back.out}.json").read_text())["record"]
-    assert rejoined == record["record"][-len(rejoined) :]  # the same ledger since it healed
+    assert same_weights(survivor.weights(), back.weights())
+    steps_agree(survivor)
+    # What the groups trained, read from the samples each batch carried: each once in
+    # each epoch, whichever groups were alive (group 1's record lost at most its last step)
+    assert json.loads(Path(f"{survivor.out}.json").read_text())["epochs"] == EPOCHS
+    each_sample_once([survivor, back], range(EPOCHS), lost_in={killed_epoch: 4})
 
 
+@pytest.mark.timeout(330)  # its waits: 300 s at most
 def test_the_trainer_trains_replica_groups_as_trainloop_does(
-    lighthouse: str, tmp_path: Path
+    lighthouse_of_two: str, tmp_path: Path
 ) -> None:
-    """The other face, no failure: two groups through Trainer.fit end identical, every
-    batch trained once per epoch between them."""
-    groups = [Group(g, lighthouse, tmp_path, "trainer") for g in (0, 1)]
+    """The other face, no failure, a step needing both groups: every step is taken by a
+    quorum of 2, both end identical, every sample trained once per epoch between them."""
+    groups = [Group(g, lighthouse_of_two, tmp_path, "trainer", *BOTH, epochs=SHORT)
+              for g in (0, 1)]  # fmt: skip
     for group in groups:
-        assert group.process.wait(timeout=180) == 0, group.text()[-3000:]
-    final = [torch.load(g.out, weights_only=True) for g in groups]
-    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
-    records = [json.loads(Path(f"{g.out}.json").read_text()) for g in groups]
-    assert records[0]["epochs"] == records[1]["epochs"] == EPOCHS
-    # Whichever group started first saw every step; the other healed from it on joining, and
-    # its record is the end of the first one's.
-    whole, joined = sorted((r["record"] for r in records), key=len, reverse=True)
-    assert joined == whole[len(whole) - len(joined) :]
-    for epoch in range(EPOCHS):
-        done = sorted(b for e, batches in whole if e == epoch for b in batches)
-        assert done == list(range(BATCHES)), (epoch, done)
+        group.finish(timeout=150)
+    assert all(line["groups"] == 2 for g in groups for line in g.trained())
+    assert [len(g.trained()) for g in groups] == [SHORT * 6] * 2  # 6 steps an epoch
+    assert same_weights(*(g.weights() for g in groups))
+    each_sample_once(groups, range(SHORT), lost_in={})
+    for group in groups:
+        steps_agree(group)
 
 
+@pytest.mark.timeout(440)  # its waits: 400 s at most
+def test_a_dropped_step_ends_identical_to_a_run_without_it(
+    lighthouse_of_two: str, tmp_path: Path
+) -> None:
+    """Step 5's exchange fails on every group (an error reported before the vote): it is
+    dropped everywhere, and nothing moves on, not the step, the scheduler (the Trainer steps
+    one each step) nor the batches dealt. The run ends as the same run without the drop."""
+    runs = {}
+    for name, drop in (("dropped", ["--drop-at", "5"]), ("steady", [])):
+        folder = tmp_path / name
+        folder.mkdir()
+        groups = [Group(g, lighthouse_of_two, folder, "trainer", *BOTH, *drop, epochs=SHORT)
+                  for g in (0, 1)]  # fmt: skip
+        for group in groups:
+            group.finish(timeout=100)
+            steps_agree(group)
+        runs[name] = groups
+    for group in runs["dropped"]:
+        assert "step 5 was dropped on every group" in group.text(), group.text()[-3000:]
+    weights = [g.weights() for run in runs.values() for g in run]
+    assert same_weights(*weights)
+    each_sample_once(runs["dropped"], range(SHORT), lost_in={})
+
+
+@pytest.mark.timeout(470)  # its waits: 453 s at most
 def test_a_short_lighthouse_outage_is_ridden_out(tmp_path: Path) -> None:
     """The lighthouse killed with -9 mid-run and started again on its port 3 s later: both
-    groups go on (torchft's quorum retries) and end identical, every batch once an epoch."""
+    groups go on (torchft's quorum retries) and end identical, every sample once an epoch."""
     server, address = start_lighthouse()
     groups = [Group(g, address, tmp_path, "patient") for g in (0, 1)]
-    wait_until(lambda: all(len(g.steps()) >= 5 for g in groups), 120, "both groups training")
+    wait_until(lambda: all(sum(line["groups"] == 2 for line in g.trained()) >= 5 for g in groups),
+               120, "both groups training in a quorum of 2")  # fmt: skip
     server.kill()
     server.wait()
     time.sleep(3)
     server, _ = start_lighthouse(int(address.rsplit(":", 1)[1]))
     try:
         for group in groups:
-            assert group.process.wait(timeout=180) == 0, group.text()[-3000:]
+            group.finish(timeout=150)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    final = [torch.load(g.out, weights_only=True) for g in groups]
-    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
-    # A group that falls behind in the outage heals and misses a few steps of the record:
-    # no batch twice in either group's record, and every batch in one or the other.
-    records = [json.loads(Path(f"{g.out}.json").read_text())["record"] for g in groups]
-    for epoch in range(EPOCHS):
-        seen = [[b for e, batches in record if e == epoch for b in batches] for record in records]
-        assert all(len(s) == len(set(s)) for s in seen), (epoch, seen)
-        assert set(seen[0]) | set(seen[1]) == set(range(BATCHES)), (epoch, seen)
+    assert same_weights(*(g.weights() for g in groups))
+    # A group that falls behind in the outage heals and misses a few steps of the job; the
+    # samples the groups trained are still each once an epoch.
+    each_sample_once(groups, range(EPOCHS), lost_in={})
+
+
+@pytest.mark.timeout(90)
+def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchft's real give-up, no fake exception: a group that took a step, its lighthouse
+    killed with -9, asks for the next quorum once with a 2 s timeout and says which
+    lighthouse, keeping torchft's error as the cause."""
+    import torch.distributed as dist
+
+    from ddpkit.errors import RendezvousError
+    from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
+
+    server, address = start_lighthouse()
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("RUST_LOG", "warn")  # torchft's log level, as ddpkit sets it
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    world = type("World", (), {"rank": 0, "world_size": 1, "device": torch.device("cpu")})()
+    strategy = FaultTolerantStrategy(group="0", lighthouse=address, timeout_s=2, quorum_retries=0)
+    groups = ReplicaGroups(strategy, world)
+    try:
+        groups.start()
+        assert groups.position() == 0 and groups.manager.should_commit()
+        server.kill()
+        server.wait()
+        groups._open = False  # the next step's quorum
+        groups.start()
+        with pytest.raises(RendezvousError, match=f"no quorum at the lighthouse {address} within "
+                           "2 s, 0 retries included") as refused:  # fmt: skip
+            groups.position()
+        assert isinstance(refused.value.__cause__, TimeoutError), refused.value.__cause__
+    finally:
+        groups.manager.shutdown(wait=False)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -173,37 +290,38 @@ def test_verify_finds_replica_groups_compute_what_one_process_computes(workers: 
     assert "2 replica groups ended with identical weights" in done.stdout
 
 
+@pytest.mark.timeout(520)  # its waits: 480 s at most
 def test_losing_every_group_resumes_from_the_checkpoints_not_from_step_0(tmp_path: Path) -> None:
-    """Both groups killed with -9 mid-run, group 1's newest checkpoint lost, both started
-    again: each resumes from its last checkpoint (every 5 steps, mid-epoch included), group
-    1 heals from group 0, which is ahead, and both train on together and end identical."""
-    server, address = start_lighthouse()
+    """Step 4 dropped on both groups, then both killed with -9 mid-run, group 1's newest
+    checkpoint lost, both started again: each resumes from its last checkpoint (every 5
+    steps, mid-epoch included), group 1 heals from group 0, which is ahead, ddpkit's step and
+    torchft's agree throughout, and the run ends as one without the drop or the kills."""
+    server, address = start_lighthouse(min_groups=2)
+    face = ["resumable", *BOTH]
     try:
-        groups = [Group(g, address, tmp_path, "resumable") for g in (0, 1)]
-        wait_until(lambda: all(len(g.steps()) >= 20 for g in groups), 120, "both training")
+        for name in ("reference", "run"):
+            (tmp_path / name).mkdir()
+        reference = [Group(g, address, tmp_path / "reference", *face, epochs=SHORT)
+                     for g in (0, 1)]  # fmt: skip
+        for group in reference:
+            group.finish(timeout=90)
+        groups = [Group(g, address, tmp_path / "run", *face, "--drop-at", "4", epochs=SHORT)
+                  for g in (0, 1)]  # fmt: skip
+        wait_until(lambda: all(len(g.trained()) >= 17 for g in groups), 90, "both training")
         for group in groups:
             kill_9(group.process, workers_of(group.process.pid))
         at_kill = max(max(g.steps()) for g in groups)
         newest = sorted(Path(f"{groups[1].out}.ckpt").glob("epoch_*.pt"))[-1]
         newest.unlink()  # group 1 resumes from an older checkpoint than group 0's
-        again = [Group(0, address, tmp_path, "resumable")]
-        wait_until(lambda: bool(again[0].steps()), 120, "group 0 training again")
-        again.append(Group(1, address, tmp_path, "resumable"))  # joins group 0, which is ahead
+        again = [Group(g, address, tmp_path / "run", *face, epochs=SHORT) for g in (0, 1)]
         for group in again:
-            assert group.process.wait(timeout=180) == 0, group.text()[-3000:]
+            group.finish(timeout=90)
     finally:
         server.terminate()
         server.wait(timeout=30)
-    first, healed_at = (group.steps()[0] for group in again)
-    assert at_kill - 10 < first <= at_kill + 1, (first, at_kill)  # group 0's own checkpoint
-    # group 1 takes up the run wherever group 0 had got to when it joined, not at its own
-    # older checkpoint
-    assert first <= healed_at <= max(again[0].steps()), (healed_at, first)
+    first = again[0].steps()[0]
+    assert at_kill - 6 < first <= at_kill + 1, (first, at_kill)  # group 0's own checkpoint
     assert "healed at step" in again[1].text(), again[1].text()[-3000:]
-    final = [torch.load(g.out, weights_only=True) for g in again]
-    assert all(torch.equal(final[0][name], final[1][name]) for name in final[0])
-    records = [json.loads(Path(f"{g.out}.json").read_text())["record"] for g in again]
-    both_since = max(record[0][0] for record in records) + 1  # whole epochs since group 1 joined
-    for epoch in range(both_since, EPOCHS):
-        seen = [[b for e, batches in record if e == epoch for b in batches] for record in records]
-        assert all(sorted(s) == list(range(BATCHES)) for s in seen), (epoch, seen)
+    for group in [*groups, *again]:
+        steps_agree(group)
+    assert same_weights(*(g.weights() for g in [*again, *reference]))

@@ -15,7 +15,7 @@ from ddpkit._core.interpreter import collector_paused
 
 ENDING = """
 import atexit, sys, threading, time
-from ddpkit._core.interpreter import exit_without_teardown
+from ddpkit._compat.python import exit_without_teardown
 
 class Loud:
     def __del__(self):

@@ -12,9 +12,10 @@ import pytest
 from ddpkit.env.hostfile import Host, parse_hosts, read_hostfile
 from ddpkit.errors import ConfigError
 from ddpkit.launch.command import add_arguments
-from ddpkit.launch.hosts import forwarded_argv, remote_plan
-from ddpkit.launch.remote import RemotePlan, Script, ScriptKind, forwarded_environment
-from ddpkit.launch.ssh import _judge
+from ddpkit.launch.remote.flags import forwarded_argv, remote_plan
+from ddpkit.launch.remote.job import RemotePlan, Script, ScriptKind, forwarded_environment
+from ddpkit.launch.remote.order import ENTRY, HostOrder
+from ddpkit.launch.remote.ssh import Ssh, _judge
 
 HOSTFILE = """
 # DeepSpeed and Open MPI
@@ -111,11 +112,47 @@ def test_the_environment_forwarded_then_the_env_file_then_env_flags(tmp_path: Pa
         forwarded_environment(["NOPE"], here, str(tmp_path))
 
 
-def test_the_remote_line_quotes_what_the_shell_would_split() -> None:
-    plan = RemotePlan([Host("a")], "1", 29500, ["t.py", "a b"], cwd="/my runs", python="/py")
-    line = plan.command(0, {"MSG": "it's"})
-    assert line.startswith("cd '/my runs' && exec env DDPKIT_STDIN_LIFELINE=1 'MSG=it'\"'\"'s' /py")
-    assert line.endswith("t.py 'a b'")
+def test_ssh_runs_one_fixed_command_and_the_rest_travels_on_its_stdin() -> None:
+    """Nothing a host is told is in ssh's command line (``ps`` shows it on both machines)
+    or goes through a shell: the folder, the arguments and the environment are one JSON
+    line on the session's stdin."""
+    plan = RemotePlan([Host("a"), Host("me@b")], "1", 29500, ["t.py", "a b; rm -rf ~"],
+                      cwd="/my runs", python="/py")  # fmt: skip
+    secret = {"HF_TOKEN": "hf_planted", "MSG": "it's"}
+    argv = Ssh("cfg").argv(plan.hosts[1], plan.python)
+    assert argv == ["ssh", "-F", "cfg", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o",
+                    "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "--", "me@b", "/py",
+                    "-m", ENTRY]  # fmt: skip
+    order = HostOrder.decode(plan.order(1, Script("t.py"), secret).encode())
+    assert order.cwd == "/my runs" and order.env == secret
+    assert order.arguments[-2:] == ["t.py", "a b; rm -rf ~"]
+    assert order.probe.first == "a" and order.probe.peers == 0
+    assert plan.order(0, Script("t.py"), {}).probe.peers == 1
+
+
+@pytest.mark.parametrize("python", ["/opt/my python/bin/python", "python;id", "-oX", "$(id)"])
+def test_a_remote_python_a_shell_would_split_is_refused(python: str) -> None:
+    with pytest.raises(ConfigError, match=r"--remote-python .* give one without spaces"):
+        RemotePlan([Host("a")], "1", 29500, ["t.py"], python=python)
+
+
+@pytest.mark.parametrize("bad", ["-oProxyCommand=/tmp/x.sh", "a b", "a;id", "me@-x", "$(id)",
+                                 "a\nb", "`id`"])  # fmt: skip
+def test_a_host_ssh_could_read_as_an_option_or_a_shell_word_is_refused(bad: str) -> None:
+    with pytest.raises(ConfigError, match="is not a host: a host is a name"):
+        parse_hosts(bad)
+    if not any(space in bad for space in " \n"):  # a hostfile's words are split at spaces
+        with pytest.raises(ConfigError, match=r"hostfile line 1: .* is not a host"):
+            read_hostfile(f"{bad} slots=2")
+
+
+def test_ipv6_addresses_and_users_are_hosts() -> None:
+    assert parse_hosts("[fd00::2]:4,me@[fd00::3],10.0.0.1:2") == [
+        Host("fd00::2", 4), Host("me@fd00::3"), Host("10.0.0.1", 2),
+    ]  # fmt: skip
+    assert read_hostfile("fd00::9 slots=2") == [Host("fd00::9", 2)]
+    plan = RemotePlan([Host("fd00::2"), Host("b")], "1", 29500, ["t.py"])
+    assert plan.arguments(1)[4:6] == ["--master", "[fd00::2]:29500"]
 
 
 def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
@@ -123,14 +160,18 @@ def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess
 
 
 PLAN = RemotePlan([Host("a"), Host("b")], "1", 29500, ["t.py"], cwd="/w", python="/py")
-OK = '"ddpkit": "{d}", "torch": "{t}", "script": {s}, "port_free": {p}, "reaches_first": {r}'
+OK = (
+    '"ddpkit": "{d}", "torch": "{t}", "folder": {f}, "folder_error": "No such file or '
+    'directory", "script": {s}, "port_free": {p}, "reaches_first": {r}'
+)
 
 
 def probe(script: str = "true", port: str = "true", torch: str | None = None,
-          reaches: str = "true") -> str:  # fmt: skip
+          reaches: str = "true", folder: str = "true") -> str:  # fmt: skip
     from importlib.metadata import version
 
-    found = OK.format(d=version("ddpkit"), t=torch or version("torch"), s=script, p=port, r=reaches)
+    found = OK.format(d=version("ddpkit"), t=torch or version("torch"), s=script, p=port,
+                      r=reaches, f=folder)  # fmt: skip
     return "ddpkit-probe {" + found + "}\n"
 
 
@@ -138,7 +179,9 @@ def probe(script: str = "true", port: str = "true", torch: str | None = None,
     (1, done(255, err="ssh: connect to host b port 22: No route to host"),
      "host b: ssh cannot log in (ssh: connect to host b port 22: No route to host)"),
     (1, done(255, err="root@b: Permission denied (publickey)."), "ssh cannot log in (root@b"),
-    (1, done(127, err="sh: 1: exec: /py: not found"), "host b: could not run /py in /w"),
+    (1, done(127, err="sh: 1: /py: not found"), "host b: could not run /py -m ddpkit.launch"),
+    (1, done(1, err="/py: No module named ddpkit"), "the same Python with ddpkit installed"),
+    (1, done(0, probe(folder="false")), "host b: the folder /w is not there (No such file"),
     (1, done(0, probe(torch="2.0.0")), "host b: torch 2.0.0 there"),
     (1, done(0, probe(script="false")), "host b: t.py does not exist there"),
     (0, done(0, probe(port="false")), "host a: port 29500 is in use there; give another with"),

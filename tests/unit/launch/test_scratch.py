@@ -72,3 +72,27 @@ def test_a_folder_a_killed_sweep_was_removing_is_removed_by_the_next(tmp_path: P
     (half_removed / "attempt_0").mkdir(parents=True)
     assert sweep_dead_launchers(str(tmp_path)) == [str(half_removed)]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_while_a_launcher_makes_its_folder_never_takes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another launch's sweep runs at the worst moment: just before this launcher locks its
+    owner file. The owner file is not there yet under its name (it appears locked), so the
+    new folder is a young one without an owner, and stays."""
+    from ddpkit.launch import scratch as module
+
+    monkeypatch.setattr(module.tempfile, "tempdir", str(tmp_path))
+    real_flock, swept = fcntl.flock, []
+
+    def sweep_then_lock(file: object, operation: int) -> None:
+        if operation == fcntl.LOCK_EX:  # the launcher's own lock, about to be taken
+            swept.extend(sweep_dead_launchers(str(tmp_path)))
+        real_flock(file, operation)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module.fcntl, "flock", sweep_then_lock)
+    with module.launch_folder() as folder:
+        assert swept == [] and os.path.isdir(folder), swept
+        monkeypatch.setattr(module.fcntl, "flock", real_flock)
+        assert sweep_dead_launchers(str(tmp_path)) == [] and os.path.isdir(folder)
+    assert not os.path.exists(folder)

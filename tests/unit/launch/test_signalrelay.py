@@ -77,3 +77,25 @@ def test_only_a_process_that_leads_its_group_relays() -> None:
         new_session=False,
     )
     assert lines == ["False"]
+
+
+def test_a_function_worker_gets_the_signal_state_of_a_fresh_interpreter() -> None:
+    """Whatever its creator left (Python's forkserver ignores Ctrl-C, a server's thread may
+    block signals), a function worker's main thread has none blocked and SIGINT raising
+    KeyboardInterrupt; ignored only where its launcher ignored it (a background job)."""
+    lines = run(
+        """
+        import signal
+        from ddpkit.launch.forkserver import fresh_signal_state
+        for ignored in (False, True):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the forkserver leaves it
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+            fresh_signal_state(sigint_ignored=ignored)
+            try:
+                signal.raise_signal(signal.SIGINT)
+                print("ignored", signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set())
+            except KeyboardInterrupt:
+                print("caught KeyboardInterrupt")
+    """
+    )
+    assert lines == ["caught KeyboardInterrupt", "ignored True"], lines

@@ -115,3 +115,21 @@ def test_a_server_forks_workers_without_the_cache_folder_torch_wrote_in_it(
     monkeypatch.setattr(forkserver, "_STARTING_ENV", {CACHE_ENV: "/data/mine"})
     monkeypatch.setenv(CACHE_ENV, "/data/mine")  # the user's, set for the launch
     assert forkserver.forget_what_the_server_wrote() == [] and os.environ[CACHE_ENV]
+
+
+def test_a_run_folders_kernels_others_can_write_are_refused(tmp_path: Path) -> None:
+    """A checkpoint folder on a team share: a compile-cache/ folder its group can write may
+    hold someone else's kernels; it is named and never made torch's cache."""
+    from ddpkit.errors import UnsafeFolderError
+
+    env: dict[str, str] = {}
+    folder = keep_with_run(tmp_path, CPU, env)
+    assert folder is not None and oct(folder.stat().st_mode & 0o777) == "0o700"
+    folder.parent.chmod(0o775)
+    with pytest.raises(UnsafeFolderError, match=r"compile-cache is not private: it is writable "
+                       r"by its group \(mode 0775\)"):  # fmt: skip
+        keep_with_run(tmp_path, CPU, {})
+    folder.parent.chmod(0o700)
+    folder.chmod(0o757)
+    with pytest.raises(UnsafeFolderError, match="writable by everyone"):
+        keep_with_run(tmp_path, CPU, {})

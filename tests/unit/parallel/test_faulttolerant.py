@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
+from typing import Any
 from unittest.mock import patch
 
 import pytest
 import torch
 
 import ddpkit
-from ddpkit.errors import ConfigError, RendezvousError
+from ddpkit.errors import ConfigError
 from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
 
 
@@ -94,19 +96,6 @@ def test_groups_that_start_from_other_weights_are_refused_at_the_first_step() ->
         start_checked(model, torch.nn.Linear(4, 2))
 
 
-def test_a_quorum_that_never_comes_names_the_lighthouse_and_the_retries() -> None:
-    class GaveUp:
-        def participating_rank(self) -> int:
-            raise TimeoutError("status: Cancelled")
-
-    groups = object.__new__(ReplicaGroups)
-    groups.manager, groups.group, groups.lighthouse = GaveUp(), "1", "http://10.0.0.1:29510"
-    groups.timeout_s, groups.retries = 10.0, 3
-    said = r"replica group 1: no quorum at the lighthouse http://10.0.0.1:29510 within 10 s, 3"
-    with pytest.raises(RendezvousError, match=said):
-        groups.position()
-
-
 def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
     """Skipping a NaN step (the other groups would take it), and a group of models (the
     hooks take one model's gradients)."""
@@ -116,6 +105,11 @@ def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
     faulttolerant = patch("ddpkit.parallel.group.strategy_of", lambda m: FaultTolerantStrategy())
     with faulttolerant, pytest.raises(ConfigError, match="one model per Trainer"):
         GroupStrategy(models)
+    for first in ("a", "b"):  # a replica-group model beside a plain DDP one, in either order
+        kinds = {first: ddpkit.DDPStrategy(), ({"a", "b"} - {first}).pop(): FaultTolerantStrategy()}
+        mixed = patch("ddpkit.parallel.group.strategy_of", lambda m, k=kinds: k[_name(models, m)])
+        with mixed, pytest.raises(ConfigError, match="one model per Trainer"):
+            GroupStrategy(models)
     model = torch.nn.Linear(1, 1)
     model.ddpkit_strategy = FaultTolerantStrategy(group="0")  # as prepare_model marks it
     ddpkit.init()
@@ -160,3 +154,132 @@ def test_a_peers_state_is_loaded_weights_only_into_tensors_of_its_own(monkeypatc
     assert state["w"].tolist() == [1.0, 1.0, 1.0] and state["opt"][1] == 7
     with pytest.raises(pickle.UnpicklingError, match=r"Unsupported global.*Payload"):
         load({"w": torch.ones(1), "payload": Payload()})
+
+
+def _name(group: torch.nn.ModuleDict, member: torch.nn.Module) -> str:
+    return next(name for name, model in group.items() if model is member)
+
+
+@pytest.fixture
+def real_lighthouse() -> Any:
+    """torchft's own lighthouse, in this process (cheap: no fake needed)."""
+    pytest.importorskip("torchft")
+    from ddpkit.parallel.ftheal import serve_lighthouse
+
+    server = serve_lighthouse("127.0.0.1:0", min_groups=1, heartbeat_ms=500, join_ms=100)
+    yield server
+    server.shutdown()
+
+
+def groups_at(lighthouse: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> ReplicaGroups:
+    """A replica group of one process on torchft's real Manager, its store on loopback."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
+    monkeypatch.setenv("MASTER_PORT", str(store.port))
+    strategy = FaultTolerantStrategy(group="0", lighthouse=lighthouse, **options)
+    groups = ReplicaGroups(strategy, World())
+    groups._store_kept = store  # type: ignore[attr-defined]  # alive as long as the group
+    return groups
+
+
+@pytest.mark.timeout(60)
+def test_quorum_numbers_are_renumbered_on_torchfts_real_manager(
+    real_lighthouse: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renumbering sits on torchft's own quorum path: the number torchft's manager keys
+    its process group's store prefix by is ddpkit's, not the lighthouse's."""
+    from ddpkit.parallel.ftquorum import QuorumNumbers
+
+    given: list[tuple[int, int]] = []  # (the lighthouse's number, ddpkit's)
+    renumber = QuorumNumbers.renumber
+
+    def noted(self: QuorumNumbers, number: int, members: list[str], step: int) -> int:
+        given.append((number, renumber(self, number, members, step)))
+        return given[-1][1]
+
+    monkeypatch.setattr(QuorumNumbers, "renumber", noted)
+    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout_s=10)
+    try:
+        groups.start()
+        assert groups.position() == 0
+        [(lighthouses, ours)] = given
+        assert groups.manager._quorum_id == ours != lighthouses
+    finally:
+        groups.manager.shutdown(wait=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_healing_peers_state_is_loaded_weights_only_on_torchfts_receive_path(
+    tmp_path: Any,
+) -> None:
+    """torchft's HTTP transport, both ends real: plain tensors arrive, while a state holding
+    an object whose unpickling would run code is refused (torchft's own loader would run it:
+    it loads with weights_only=False)."""
+    pytest.importorskip("torchft")
+    from datetime import timedelta
+
+    from ddpkit.parallel.ftheal import HealTransport
+
+    timeout = timedelta(seconds=10)
+    sender, receiver = HealTransport(timeout), HealTransport(timeout)
+    try:
+        sender.send_checkpoint([0], 3, {"w": torch.arange(4.0), "step": 3}, timeout)
+        got = receiver.recv_checkpoint(0, sender.metadata(), 3, timeout)
+        assert torch.equal(got["w"], torch.arange(4.0)) and got["step"] == 3
+        marker = tmp_path / "ran"
+        sender.disallow_checkpoint()
+        sender.send_checkpoint([0], 4, {"evil": _RunsCode(str(marker))}, timeout)
+        with pytest.raises(Exception, match=r"[Ww]eights only load failed|Unsupported global"):
+            receiver.recv_checkpoint(0, sender.metadata(), 4, timeout)
+        assert not marker.exists()
+    finally:
+        sender.shutdown(wait=False)
+        receiver.shutdown(wait=False)
+
+
+class _RunsCode:
+    """An object whose unpickling writes a file: what a hostile peer would send."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (_write, (self.path, "ran"))
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as out:
+        out.write(text)
+
+
+@pytest.mark.timeout(60)
+def test_torchfts_manager_is_shut_down_with_the_run(
+    real_lighthouse: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutting torchft's manager down is registered for the process's end (a function
+    worker ends by os._exit after the exit handlers, never by the interpreter's teardown,
+    which would drop it): run, it stops the manager's server, whose port then refuses."""
+    from urllib.parse import urlsplit
+
+    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout_s=10)
+    where = urlsplit(groups.manager._manager.address())
+    assert _serving(where.port)
+    assert groups.close.alive and groups.close.atexit  # at the process's end at the latest
+    groups.close()  # what the exit handlers run
+    deadline = time.monotonic() + 10  # torchft stops its server in the background
+    while _serving(where.port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _serving(where.port)
+    assert not groups.close.alive  # once only
+
+
+def _serving(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), 2).close()
+    except OSError:
+        return False
+    return True

@@ -3,8 +3,11 @@ earlier quorum's store prefix, and every member of a quorum gets the same number
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+import pytest
 
 from ddpkit.parallel.ftquorum import QuorumNumbers, install
 
@@ -32,9 +35,17 @@ class Client:
         return True
 
 
+class Manager:
+    """What torchft's manager holds of its client (torchft 0.2's ``_client``)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client: Any = client
+
+
 def numbers_seen(answers: list[Answer]) -> list[int]:
-    client = QuorumNumbers(Client(answers))
-    return [client._quorum(step=0).quorum_id for _ in range(len(client.answers))]
+    manager = Manager(Client(answers))
+    assert install(manager)
+    return [manager._client._quorum(step=0).quorum_id for _ in range(len(answers))]
 
 
 def test_a_lighthouse_restarted_mid_run_never_gives_an_earlier_quorums_number_again() -> None:
@@ -57,17 +68,22 @@ def test_every_member_of_a_quorum_gets_the_same_number_however_it_came() -> None
 def test_everything_else_passes_through_to_torchfts_client() -> None:
     answer = Answer(4, ["g:a"], 5, heal=True)
     client = Client([answer])
-    numbers = QuorumNumbers(client)
-    renumbered = numbers._quorum(step=5, timeout=3)
+    manager = Manager(client)
+    install(manager)
+    renumbered = manager._client._quorum(step=5, timeout=3)
     assert (renumbered.heal, renumbered.max_step, renumbered.replica_ids) == (True, 5, ["g:a"])
-    assert client.asked == [{"step": 5, "timeout": 3}] and numbers.should_commit()
+    assert renumbered.quorum_id == QuorumNumbers().renumber(4, ["g:a"], 5) != 4
+    assert client.asked == [{"step": 5, "timeout": 3}] and manager._client.should_commit()
 
 
-def test_a_manager_without_a_client_is_left_alone() -> None:
-    class Manager:
+def test_a_manager_without_torchft_0_2s_client_is_left_alone_and_said_so(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Bare:
         pass
 
-    manager = Manager()
-    assert not install(manager)
-    manager._client = Client([])  # type: ignore[attr-defined]
-    assert install(manager) and isinstance(manager._client, QuorumNumbers)  # type: ignore[attr-defined]
+    monkeypatch.setattr("ddpkit._compat._said", set())  # said once a process: this one's
+    with caplog.at_level(logging.WARNING, logger="ddpkit"):
+        assert not install(Bare())
+    assert "torchft.Manager._client._quorum is not in torchft" in caplog.text, caplog.text
+    assert "quorum numbers are torchft's own" in caplog.text

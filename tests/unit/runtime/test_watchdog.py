@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from torch._C._distributed_c10d import HashStore, PrefixStore
+from torch.distributed import HashStore, PrefixStore
 
 import ddpkit
 import ddpkit.runtime.watchdog

@@ -247,7 +247,7 @@ def test_the_backend_check_runs_a_real_group_and_leaves_none() -> None:
 
 
 def test_the_backend_check_leaves_an_existing_group_alone() -> None:
-    from torch._C._distributed_c10d import HashStore
+    from torch.distributed import HashStore
 
     dist.init_process_group("gloo", store=HashStore(), rank=0, world_size=1,
                             timeout=timedelta(seconds=30))  # fmt: skip

@@ -14,6 +14,7 @@ from torch import nn
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints
 from ddpkit.errors import ConfigError, NonFiniteLossError
+from ddpkit.parallel.unwrapped import Unwrapped
 from helpers.mp_workers import cpu_state, toy_dataset
 
 
@@ -137,3 +138,58 @@ def test_an_epoch_that_trains_no_batch_still_ends_with_its_line(
     assert lines[0] == "epoch 1/2  val_loss 0.5000  (no batch trained)"
     assert lines[1].startswith("epoch 2/2  loss ") and " s" in lines[1]
     assert [m["epoch"] for m in loop.history] == [1.0, 2.0]
+
+
+class DroppingGroups(Unwrapped):
+    """Replica groups that drop the updates at the steps listed (as torchft's vote does when
+    an exchange failed), with the same batch dealt again."""
+
+    across_groups = True
+
+    def __init__(self, drop_at: set[int]) -> None:
+        self.drop_at, self.updates = drop_at, 0
+
+    def finish_update(self, model: nn.Module) -> bool:
+        self.updates += 1
+        return self.updates not in self.drop_at
+
+
+def test_a_dropped_replica_group_step_moves_nothing_on(tmp_path: Path) -> None:
+    """The step count, the step's checkpoints and the schedulers of a hand-written loop (told
+    by optimizer_step's answer) stay where they were; the weights are untouched and the
+    gradients gone."""
+    ddpkit.init(hang_timeout=0, seed=5)
+    model = dropout_model()
+    model.ddpkit_strategy = DroppingGroups(drop_at={2, 3})  # as prepare_model marks a model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, tmp_path, save_every_steps=2)
+    x, y = toy_dataset()[:8]
+    steps, unchanged, taken = [], [], []
+    for _ in loop.epochs(1):
+        for _batch in loop.batches([(x, y)] * 5):
+            steps.append(loop.step)  # the steps taken before this batch's
+            before = cpu_state(model)
+            loop.backward(F.cross_entropy(model(x), y))
+            taken.append(loop.optimizer_step())
+            if taken[-1]:
+                sched.step()
+            unchanged.append(all(torch.equal(before[k], v) for k, v in cpu_state(model).items()))
+    assert [*steps, loop.step] == [0, 1, 1, 1, 2, 3], steps  # updates 2 and 3 dropped
+    assert taken == [True, False, False, True, True]
+    assert unchanged == [False, True, True, False, False]
+    assert all(p.grad is None for p in model.parameters())
+    assert [p.name for p in list_checkpoints(tmp_path)][:1] == ["epoch_000001_step_000002.pt"]
+
+
+def test_the_trainers_schedulers_skip_a_dropped_step() -> None:
+    ddpkit.init(hang_timeout=0, seed=5)
+    model = dropout_model()
+    model.ddpkit_strategy = DroppingGroups(drop_at={2, 3})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    trainer = ddpkit.Trainer(model, opt, F.cross_entropy, scheduler=sched)
+    x, y = toy_dataset()[:8]
+    trainer.fit([(x, y)] * 5, epochs=1)
+    assert trainer.loop.step == 3 and sched.last_epoch == 3
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5**3)

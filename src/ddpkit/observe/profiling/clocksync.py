@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from torch._C._distributed_c10d import Store
+from torch.distributed import Store
 
 from ddpkit._core.protocol import CLOCK_SKEW_ENV
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from torch._C._distributed_c10d import Store
+from torch.distributed import Store
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from ddpkit._core.atomicfile import atomic_write

@@ -60,7 +60,8 @@ class ProfileSpec:
 
     @classmethod
     def parse(cls, steps: str, ranks: str = "all", **options: object) -> ProfileSpec:
-        """From ``"200-205"``, ``"200"`` (5 steps) or ``""`` (:data:`DEFAULT_STEPS`).
+        """From ``"200-205"``, ``"200"`` (5 steps) or ``""``
+        (:data:`~ddpkit._core.stepwindow.DEFAULT_STEPS`).
 
         Example:
             >>> ProfileSpec.parse("40").last

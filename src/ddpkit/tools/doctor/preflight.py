@@ -127,7 +127,7 @@ def check_backend(backend: str, device: torch.device) -> Check:
 
 def _one_process_all_reduce(backend: str, device: torch.device) -> float:
     # The store class's typed home (torch.distributed re-exports it untyped).
-    from torch._C._distributed_c10d import HashStore
+    from torch.distributed import HashStore
 
     try:
         dist.init_process_group(

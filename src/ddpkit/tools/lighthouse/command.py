@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace) -> Any:
         return serve_lighthouse(args.bind, args.min_groups, args.heartbeat_ms, args.join_ms)
     except RuntimeError as err:
         raise ConfigError(f"the lighthouse cannot listen on {args.bind}: {err}; give another "
-                          "--bind (port 0: a free one)") from None  # fmt: skip
+                          "--bind (port 0: a free one)") from err  # fmt: skip
 
 
 def _wait_for_a_stop() -> None:

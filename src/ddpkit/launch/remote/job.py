@@ -19,21 +19,25 @@ from __future__ import annotations
 import argparse
 import enum
 import os
-import shlex
+import re
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpkit._core.protocol import STDIN_LIFELINE_ENV
 from ddpkit.env.hostfile import Host
 from ddpkit.errors import ConfigError
+from ddpkit.launch.remote.order import HostOrder, Probe
 
 FORWARDED_PREFIXES = ("DDPKIT_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "WANDB_",
                       "MLFLOW_", "AWS_", "HF_")  # fmt: skip
 FORWARDED_NAMES = ("PYTHONPATH", "PYTHONHASHSEED", "CUBLAS_WORKSPACE_CONFIG")
 ENV_FILE = ".ddpkit_env"
+LINK_TIMEOUT_S = 5  # how long the other hosts try to reach the first one's port
+# The remote Python's path is a word of the remote login shell's command (ssh sends one
+# string): only characters that no shell (sh, bash, zsh, fish, csh) reads as syntax.
+_SHELL_SAFE_PATH = re.compile(r"^[A-Za-z0-9_./+][A-Za-z0-9_./+-]*$")
 
 
 class ScriptKind(enum.Enum):
@@ -95,10 +99,28 @@ class RemotePlan:
     cwd: str = field(default_factory=os.getcwd)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
+    def __post_init__(self) -> None:
+        if not _SHELL_SAFE_PATH.match(self.python):
+            raise ConfigError(
+                f"--remote-python {self.python!r}: ssh hands the Python's path to each host's "
+                "login shell, so it may hold only letters, digits and . _ + - /; give one "
+                "without spaces (a symlink to it will do)"
+            )
+
     @property
     def first(self) -> str:
         """Where the nodes meet: the first host's address."""
         return self.hosts[0].address
+
+    @property
+    def meeting_point(self) -> str:
+        """The first host's ``ADDR:PORT`` (an IPv6 address in brackets).
+
+        Example:
+            >>> RemotePlan([Host("fd00::1")], "1", 29500, []).meeting_point
+            '[fd00::1]:29500'
+        """
+        return f"{self.hosts[0].endpoint_host}:{self.port}"
 
     def min_nodes(self) -> int:
         """The fewest nodes the job runs on: MIN of ``--nnodes MIN:MAX``, else every host.
@@ -115,19 +137,25 @@ class RemotePlan:
         """``ddpkit run``'s arguments on host ``index``."""
         workers = ["--nproc", self.hosts[index].workers(self.nproc)]
         if self.nnodes is not None and ":" in self.nnodes:
-            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{self.first}:{self.port}",
+            meet = ["--rdzv-backend", "c10d", "--rdzv-endpoint", self.meeting_point,
                     "--rdzv-id", self.run_id]  # fmt: skip
             return ["--nnodes", self.nnodes, *meet, *workers, *self.argv]
-        fixed = ["--node-rank", str(index), "--master", f"{self.first}:{self.port}"]
+        fixed = ["--node-rank", str(index), "--master", self.meeting_point]
         return ["--nnodes", str(len(self.hosts)), *fixed, *workers, *self.argv]
 
-    def command(self, index: int, env: Mapping[str, str]) -> str:
-        """The shell line ssh runs on host ``index``: into the folder, then ``ddpkit run``
-        with ``env``, ending when the connection does (its stdin's end)."""
-        settings = [f"{k}={v}" for k, v in sorted({**env, STDIN_LIFELINE_ENV: "1"}.items())]
-        run = [self.python, "-m", "ddpkit", "run", *self.arguments(index)]
-        words = " ".join(shlex.quote(w) for w in ["env", *settings, *run])
-        return f"cd {shlex.quote(self.cwd)} && exec {words}"
+    def order(self, index: int, script: Script, env: Mapping[str, str]) -> HostOrder:
+        """What host ``index`` is told on its session's standard input: the folder, the
+        probe, ``ddpkit run``'s arguments and ``env``.
+
+        Example:
+            >>> plan = RemotePlan([Host("a"), Host("b")], "1", 29500, ["t.py"], cwd="/runs")
+            >>> order = plan.order(1, Script("t.py"), {"SEED": "3"})
+            >>> order.cwd, order.probe.first, order.env
+            ('/runs', 'a', {'SEED': '3'})
+        """
+        peers, first = (len(self.hosts) - 1, None) if index == 0 else (0, self.first)
+        probe = Probe(script.kind.value, script.name, self.port, peers, first, LINK_TIMEOUT_S)
+        return HostOrder(self.cwd, probe, self.arguments(index), dict(env))
 
 
 def forwarded_environment(

@@ -1,6 +1,6 @@
 """``ddpkit run --hosts a:4,b:4 train.py`` and ``--hostfile FILE``: the flags, and the job
-they describe (:mod:`ddpkit.launch.remote`), checked on every host and started over ssh
-(:mod:`ddpkit.launch.ssh`).
+they describe (:mod:`ddpkit.launch.remote.job`), checked on every host and started over ssh
+(:mod:`ddpkit.launch.remote.ssh`).
 
 The ``ddpkit run`` command line is passed on to every host as it is, less what this launch
 fills in per host: the host options, ``--nnodes``, ``--node-rank``, ``--nproc`` and where the
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.env.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.errors import ConfigError
-from ddpkit.launch.remote import RemotePlan, Script, forwarded_environment
-from ddpkit.launch.ssh import Ssh, run_on_hosts
+from ddpkit.launch.remote.job import RemotePlan, Script, forwarded_environment
+from ddpkit.launch.remote.ssh import Ssh, run_on_hosts
 
 # Filled in per host, so not passed on as given (each takes a value).
 _PER_HOST = {"--hosts", "--hostfile", "--env", "--remote-python", "--ssh-config", "--nnodes",
@@ -47,8 +47,9 @@ def add_host_arguments(run: argparse.ArgumentParser) -> None:
     group.add_argument("--hostfile", metavar="FILE",
                        help="the hosts, a line each: 'host slots=N', 'host:N', 'host'")  # fmt: skip
     group.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
-                       help="also set NAME on every host (a bare NAME: its value here); "
-                       "more in ./.ddpkit_env")  # fmt: skip
+                       help="also set NAME on every host (a bare NAME: its value here, "
+                       "kept out of any command line: use it for secrets); more in "
+                       "./.ddpkit_env")  # fmt: skip
     group.add_argument("--remote-python", metavar="PATH", default=None,
                        help="the Python on the other hosts (default: this one's path)")  # fmt: skip
     group.add_argument("--ssh-config", metavar="FILE", default=None,

@@ -7,10 +7,10 @@ the same Python with ddpkit and torch of the same versions, and the script; the 
 rendezvous port is free and the others reach it. A failure names the host and the fix, and
 nothing starts anywhere; else each session is told to go on to ``ddpkit run``.
 
-Then each host's ``ddpkit run`` (:mod:`ddpkit.launch.remote`) streams its merged console
-back, each line labelled with its host. Each remote job watches its standard input: when the
-connection ends (this launcher stopped, killed, or the network lost), its launcher stops its
-workers. One host failing stops the others; the exit code is the job's.
+Then each host's ``ddpkit run`` (what :mod:`ddpkit.launch.remote.entry` becomes) streams its
+merged console back, each line labelled with its host. Each remote job watches its standard
+input: when the connection ends (this launcher stopped, killed, or the network lost), its
+launcher stops its workers. One host failing stops the others; the exit code is the job's.
 
 Example::
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shlex
 import signal
 import subprocess
 import sys
@@ -34,75 +33,37 @@ from importlib import metadata
 from ddpkit._core.log import command_logger
 from ddpkit.env.hostfile import Host
 from ddpkit.errors import ConfigError, StoppedBySignalError
-from ddpkit.launch.remote import RemotePlan, Script
+from ddpkit.launch.remote.job import LINK_TIMEOUT_S, RemotePlan, Script
+from ddpkit.launch.remote.order import ENTRY, GO, PROBE_ANSWER
 
 CONNECT_TIMEOUT_S = 5
 STOP_GRACE_S = 30  # a host's job gets this long to checkpoint and stop before ssh is cut
 
-# Run on each host by preflight (argv: kind, script, port, peers, first host or "-", seconds): the
-# installed versions, whether the script is there, and the link: the first host listens on
-# the rendezvous port until every other host has connected to it (as doctor --nodes checks).
-_PROBE = """
-import importlib.util, json, os, shutil, socket, sys, time
-from importlib.metadata import PackageNotFoundError, version
-kind, script, first, link = sys.argv[1], sys.argv[2], sys.argv[5], sys.argv[6]
-port, peers = int(sys.argv[3]), int(sys.argv[4])
-try:  # the installed versions, without importing torch (seconds)
-    found = {"ddpkit": version("ddpkit"), "torch": version("torch")}
-except PackageNotFoundError as err:
-    found = {"error": f"{err} is not installed"}
-if kind == "module":  # its top package only: importing it would run the user's code
-    found["script"] = importlib.util.find_spec(script.partition(".")[0]) is not None
-else:
-    found["script"] = bool(os.path.exists(script) or kind == "program" and shutil.which(script))
-deadline = time.monotonic() + float(link)
-if first == "-":
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
-        try:
-            s.bind(("", port)); s.listen(); found["port_free"] = True
-        except OSError:
-            found["port_free"] = False
-        while found["port_free"] and peers and time.monotonic() < deadline:
-            s.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                s.accept()[0].close(); peers -= 1
-            except OSError:
-                break
-else:
-    found["reaches_first"] = False
-    while time.monotonic() < deadline and not found["reaches_first"]:
-        try:
-            socket.create_connection((first, port), 1).close(); found["reaches_first"] = True
-        except OSError:
-            time.sleep(0.1)
-print("ddpkit-probe " + json.dumps(found))
-"""
-LINK_TIMEOUT_S = 5  # how long the other hosts try to reach the first one's port
-
 
 @dataclass(frozen=True)
 class Ssh:
-    """How ssh is run: the user's own setup, plus ``config`` (``-F``) when given.
+    """How ssh is run: the user's own setup, plus ``config`` (``-F``) when given. The host
+    comes after ``--``, so nothing in it is read as an option, and the command is always
+    ``PYTHON -m ddpkit.launch.remote.entry``.
 
     Example:
-        >>> Ssh().argv(Host("b"), "true")[:3]
-        ['ssh', '-o', 'BatchMode=yes']
+        >>> Ssh().argv(Host("b"), "/usr/bin/python3")[-5:]
+        ['--', 'b', '/usr/bin/python3', '-m', 'ddpkit.launch.remote.entry']
     """
 
     config: str | None = None
 
-    def argv(self, host: Host, command: str) -> list[str]:
+    def argv(self, host: Host, python: str) -> list[str]:
         options = ["-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
         options += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
         config = ["-F", self.config] if self.config else []
-        return ["ssh", *config, *options, host.name, command]
+        return ["ssh", *config, *options, "--", host.name, python, "-m", ENTRY]
 
 
 class HostSession:
-    """One host's ssh session, the only one: the probe answers first, then the shell waits
-    for a line ``go`` on its stdin before it starts ``ddpkit run``; its console is relayed
-    from then on, each line labelled with the host.
+    """One host's ssh session, the only one: its order goes down the session's stdin, the
+    probe answers first, then the host waits for ``go`` before it becomes ``ddpkit run``; its
+    console is relayed from then on, each line labelled with the host.
 
     Example::
 
@@ -114,15 +75,12 @@ class HostSession:
         self, plan: RemotePlan, index: int, script: Script, env: Mapping[str, str], ssh: Ssh
     ) -> None:
         self.host = plan.hosts[index]
-        link = [str(len(plan.hosts) - 1), "-"] if index == 0 else ["0", plan.first]
-        words = [script.kind.value, script.name, str(plan.port), *link, str(LINK_TIMEOUT_S)]
-        probe = shlex.join([plan.python, "-c", _PROBE, *words])
-        then = f'read -r go && [ "$go" = go ] && {plan.command(index, env)}'
-        argv = ssh.argv(self.host, f"cd {shlex.quote(plan.cwd)} && {probe} && {then}")
+        argv = ssh.argv(self.host, plan.python)
         # a session of its own: Ctrl-C reaches this launcher alone, which stops each host
         pipe = subprocess.PIPE
         self.process = subprocess.Popen(argv, stdin=pipe, stdout=pipe, stderr=subprocess.STDOUT,
                                         start_new_session=True)  # fmt: skip
+        self._send(plan.order(index, script, env).encode())
         self._said: list[str] = []  # ssh's own lines before the probe's answer
         self._answer: str | None = None
         self._answered = threading.Event()
@@ -139,9 +97,14 @@ class HostSession:
 
     def go(self) -> None:
         """Start ``ddpkit run`` there."""
+        self._send(GO)
+
+    def _send(self, message: bytes) -> None:
+        """Down the session's stdin; a session that already ended says why in its answer."""
         assert self.process.stdin is not None
-        self.process.stdin.write(b"go\n")
-        self.process.stdin.flush()
+        with contextlib.suppress(BrokenPipeError):
+            self.process.stdin.write(message)
+            self.process.stdin.flush()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
@@ -151,7 +114,7 @@ class HostSession:
                 with _console:  # whole lines, never cut by another host's
                     sys.stdout.buffer.write(label + line)
                     sys.stdout.buffer.flush()
-            elif line.startswith(b"ddpkit-probe "):
+            elif line.startswith(PROBE_ANSWER.encode()):
                 self._answer = line.decode(errors="replace")
                 self._answered.set()
             else:
@@ -182,7 +145,7 @@ def _judge(
 ) -> str:
     host = plan.hosts[index]
     said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-    lines = [x for x in done.stdout.splitlines() if x.startswith("ddpkit-probe ")]
+    lines = [x for x in done.stdout.splitlines() if x.startswith(PROBE_ANSWER)]
     if done.returncode == 255 or (not lines and "ssh:" in said) or "Permission denied" in said:
         return (
             f"host {host.name}: ssh cannot log in ({said or 'no reason given'}); check that "
@@ -190,10 +153,10 @@ def _judge(
         )
     if not lines:
         return (
-            f"host {host.name}: could not run {plan.python} in {plan.cwd} ({said}); the same "
-            "folder and Python must exist there (a shared file system, or --remote-python)"
+            f"host {host.name}: could not run {plan.python} -m {ENTRY} there ({said}); the "
+            "same Python with ddpkit installed must be there (or give --remote-python)"
         )
-    found = json.loads(lines[-1].removeprefix("ddpkit-probe "))
+    found = json.loads(lines[-1].removeprefix(PROBE_ANSWER))
     return _compare(plan, index, found, script)
 
 
@@ -205,6 +168,11 @@ def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: 
     here = {"ddpkit": metadata.version("ddpkit"), "torch": metadata.version("torch")}
     if "error" in found:
         return f"host {host.name}: {found['error']} for {plan.python} there (or --remote-python)"
+    if not found.get("folder"):
+        return (
+            f"host {host.name}: the folder {plan.cwd} is not there ({found.get('folder_error')}); "
+            "the job runs in the same folder on every host (a shared file system)"
+        )
     differ = [f"{k} {found[k]} there, {v} here" for k, v in here.items() if found.get(k) != v]
     if differ:
         return f"host {host.name}: {'; '.join(differ)}: install the same versions on every host"
@@ -214,7 +182,7 @@ def _compare(plan: RemotePlan, index: int, found: Mapping[str, object], script: 
         return f"host {host.name}: port {port} is in use there; give another with --master-port"
     if index > 0 and not found.get("reaches_first"):
         return (
-            f"host {host.name}: {_UNREACHED} {plan.first}:{port}, where the nodes meet, within "
+            f"host {host.name}: {_UNREACHED} {plan.meeting_point}, where the nodes meet, within "
             f"{LINK_TIMEOUT_S} s (a firewall, or {plan.first} names another address there)"
         )
     return ""
@@ -236,7 +204,7 @@ def run_on_hosts(plan: RemotePlan, script: Script, env: Mapping[str, str], ssh: 
             preflight(plan, script, sessions)  # nothing runs anywhere until all are ready
             command_logger("run").info(
                 f"{len(plan.hosts)} host(s) over ssh: {', '.join(map(str, plan.hosts))}; "
-                f"nodes meet at {plan.first}:{plan.port}"
+                f"nodes meet at {plan.meeting_point}"
             )
             for session in sessions:
                 session.go()
