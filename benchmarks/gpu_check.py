@@ -4,7 +4,7 @@
 
 Runs on a GPU machine's own Python with nothing installed (ddpkit from ``src/``; torch, pytest
 and pytest-timeout from the image), in three steps, each bounded by its own time limit so that
-the whole stays under 8 minutes on one GPU:
+the whole stays under 9 min 20 s on one GPU (one device command may run 10 minutes):
 
 1. ``facts``: ``ddpkit doctor --json``: torch, CUDA, NCCL, the GPUs;
 2. ``tier``: the GPU tier (``pytest -m gpu tests/gpu``): NCCL at world size 1 and doctor

@@ -40,7 +40,9 @@ def test_a_dry_run_reaches_every_step_and_says_why_gpu_tests_skip(tmp_path: Path
     steps = {s["name"]: s for s in summary["steps"]}
     assert summary["dry"] and list(steps) == ["facts", "tier", "parity"]
     assert all(s["status"] == "passed" for s in steps.values()), steps
-    assert sum(s["limit_s"] for s in steps.values()) <= 480  # one GPU window: 8 minutes
+    # The limits add up to the budget, and it fits one device command (600 s at most), with
+    # time left for the summary: the tier's 390 s is 303 s measured on an H200, plus 25%.
+    assert sum(s["limit_s"] for s in steps.values()) == gpu_check().BUDGET_S <= 570
     tests = steps["tier"]["details"]
     on_disk = len(list((REPO / "tests/gpu").rglob("test_*.py")))
     assert len({t["test"].split("::")[0] for t in tests}) == on_disk, tests  # every file
