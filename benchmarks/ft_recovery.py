@@ -14,6 +14,10 @@ steps the job made while the killed part was away, and the time from the kill to
 part training again.
 
     GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/ft_recovery.py --repeat 3
+    GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/ft_recovery.py --steady --repeat 5
+
+``--steady``: no failure, what a step costs with replica groups against the same job as
+one ``ddpkit run --nproc 2``, as a ratio (median of --repeat alternating runs).
 """
 
 from __future__ import annotations
@@ -97,7 +101,7 @@ def _descendants(pid: int) -> list[int]:
 
 
 def fault_tolerant() -> dict[str, float]:
-    env = {**os.environ, "RUST_LOG": "warn"}
+    env = {**os.environ, "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}  # as each plain rank's
     lighthouse = Process(
         ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-ms", "1000"), env
     )
@@ -133,7 +137,30 @@ def fault_tolerant() -> dict[str, float]:
     }
 
 
+def steady(folder: Path) -> tuple[float, float]:
+    """No failure: steps/s of 2 replica groups (1 process each) and of the same job as one
+    ``ddpkit run --nproc 2``, one after the other; each process 1 thread, as each of the
+    plain run's is (two groups each started alone would each take every core)."""
+    env = {**os.environ, "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
+    lighthouse = Process(ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--min-groups", "2"), env)
+    lighthouse.wait_for(lambda: any("TORCHFT_LIGHTHOUSE=" in line for _, line in lighthouse.lines))
+    said = next(line for _, line in lighthouse.lines if "TORCHFT_LIGHTHOUSE=" in line)
+    env["TORCHFT_LIGHTHOUSE"] = re.search(r"TORCHFT_LIGHTHOUSE=(\S+);", said)[1]  # type: ignore[index]
+    groups = [Process(ddpkit("run", "--nproc", "1", JOB, "ft", str(EPOCHS)),
+                      {**env, "DDPKIT_FT_GROUP": str(g)}) for g in (0, 1)]  # fmt: skip
+    for group in groups:
+        group.process.wait(timeout=300)
+    lighthouse.process.terminate()
+    lighthouse.process.wait(timeout=30)
+    plain = Process(ddpkit("run", "--nproc", "2", JOB, "restart", str(EPOCHS), str(folder),
+                           "1000000"), env)  # fmt: skip
+    plain.process.wait(timeout=300)
+    return _rate(groups[0].steps()[10:]), _rate(plain.steps()[10:])
+
+
 def exact_restart(folder: Path) -> dict[str, float]:
+    # ddpkit run gives each of its 2 workers 1 thread of the 2 cores; 2 replica groups each
+    # started alone would each take both (4 threads on 2 cores): they are given 1 too.
     command = ddpkit("run", "--nproc", "2", "--max-restarts", "1", JOB, "restart", str(EPOCHS),
                      str(folder), str(SAVE))  # fmt: skip
     job = Process(command, dict(os.environ))
@@ -174,7 +201,11 @@ def _rate(steps: list[tuple[int, int, float]]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--steady", action="store_true",
+                        help="no failure: a step's cost with replica groups, a ratio")  # fmt: skip
     args = parser.parse_args()
+    if args.steady:
+        return print_steady(args.repeat)
     runs: dict[str, list[dict[str, float]]] = {"ft": [], "restart": []}
     for _ in range(args.repeat):
         runs["ft"].append(fault_tolerant())
@@ -188,6 +219,22 @@ def main() -> None:
         ft = statistics.median(r[name] for r in runs["ft"])
         restart = statistics.median(r[name] for r in runs["restart"])
         print(f"| {name} | {ft:.2f} | {restart:.2f} |")
+
+
+def print_steady(repeat: int) -> None:
+    rates = []
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory() as folder:
+            rates.append(steady(Path(folder)))
+        print(f"replica groups {rates[-1][0]:.2f} steps/s, plain {rates[-1][1]:.2f} steps/s",
+              flush=True)  # fmt: skip
+    ratios = [plain / ft for ft, plain in rates]
+    print(
+        f"\nmedian of {repeat} alternating runs, no failure: replica groups "
+        f"{statistics.median(r[0] for r in rates):.2f} steps/s, plain DDP "
+        f"{statistics.median(r[1] for r in rates):.2f} steps/s; a step costs "
+        f"{statistics.median(ratios):.3f}x (runs: {', '.join(f'{r:.3f}' for r in ratios)})"
+    )
 
 
 if __name__ == "__main__":

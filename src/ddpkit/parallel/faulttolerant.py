@@ -4,7 +4,8 @@ fails, through torchft (``pip install 'ddpkit[ft]'``).
 Each replica group is an ordinary ddpkit job (``ddpkit run``, any size), wrapped in DDP
 inside the group. Across groups, after each backward, the gradients are averaged over the
 groups alive at this step by torchft's ``Manager``: a quorum at the lighthouse, an
-all-reduce among its members, and a vote before the optimizer steps (a step whose exchange
+all-reduce among its members (a few flat buckets, :mod:`~ddpkit.parallel.ftbuckets`, not
+one per parameter), and a vote before the optimizer steps (a step whose exchange
 failed is dropped on every group, not half taken). A group that dies is left out of the
 next quorum (the lighthouse's heartbeat timeout) and the others go on at the smaller size,
 without a restart; a group started again joins the next quorum and heals first: it receives
@@ -37,6 +38,7 @@ from ddpkit._core.protocol import FT_GROUP_ENV
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.parallel.base import checked_options
 from ddpkit.parallel.ddp import DDPStrategy
+from ddpkit.parallel.ftbuckets import DEFAULT_CAP_MB, Buckets
 from ddpkit.parallel.ftmembers import Members
 from ddpkit.parallel.ftquorum import install as install_quorum_numbers
 from ddpkit.parallel.options import bounded
@@ -82,9 +84,10 @@ class FaultTolerantStrategy(DDPStrategy):
     the torchft lighthouse's address (default ``TORCHFT_LIGHTHOUSE``); ``min_groups``: the
     fewest groups a step may be taken with; ``timeout_s``: how long one exchange may take;
     ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage).
-    DDP's options are its own too. The groups start from identical weights (seeded alike,
-    as ``ddpkit.init(seed=...)`` does), which the first step checks; a group that joins a
-    running job receives the others' state instead.
+    DDP's options are its own too (``bucket_cap_mb`` also sizes the buckets the gradients
+    cross between groups in, :mod:`~ddpkit.parallel.ftbuckets`). The groups start from
+    identical weights (seeded alike, as ``ddpkit.init(seed=...)`` does), which the first
+    step checks; a group that joins a running job receives the others' state instead.
 
     Example:
         >>> FaultTolerantStrategy(group="1", min_groups=1).uneven_batches
@@ -198,6 +201,8 @@ class ReplicaGroups:
         self._open = False  # a quorum asked for and not voted on yet
         self.votes = 0  # steps voted on so far (a dealer checks one batch a step)
         self.members = Members(int(self.group), world.device)
+        cap_mb = strategy.bucket_cap_mb if strategy.bucket_cap_mb is not None else DEFAULT_CAP_MB
+        self.buckets = Buckets(cap_bytes=int(cap_mb * 2**20))
         self._started = False  # whether the groups' start was checked
         self._last_step = 0
         self._dealer: Dealer | None = None
@@ -256,11 +261,10 @@ class ReplicaGroups:
         every group may take the step (False: drop it everywhere)."""
         if not self._started:
             self._check_same_start(model)
-        gradients = _with_gradients(model)
-        works = [self.manager.allreduce(grad) for grad in gradients]
-        works.append(self.members.exchange(self.manager))
-        for work in works:
-            work.wait()  # torchft divides by the participants here
+        # every gradient and the members' slots in few all-reduces, averaged in place
+        # (torchft divides by the participants)
+        tensors = [*_with_gradients(model), self.members.slots()]
+        self.buckets.finish(self.buckets.start(self.manager, tensors))
         commit = bool(self.manager.should_commit())
         self._open, self.votes = False, self.votes + 1
         participants = self.manager.num_participants()

@@ -51,11 +51,16 @@ class Members:
         self._slots = torch.zeros(NAMED_GROUPS + 1, device=device)
         self._step = 0
 
-    def exchange(self, manager: Any) -> Any:
-        """Start the exchange of this group's slot (torchft averages it); its work."""
+    def slots(self) -> torch.Tensor:
+        """This step's slots, a one in this group's: to be averaged over the groups in
+        place, beside the gradients (in their last bucket)."""
         self._slots.zero_()
         self._slots[min(self.group, NAMED_GROUPS)] = 1.0
-        return manager.allreduce(self._slots)
+        return self._slots
+
+    def exchange(self, manager: Any) -> Any:
+        """Start the exchange of this group's slots alone (torchft averages them); its work."""
+        return manager.allreduce(self.slots())
 
     def say(self, step: int, participants: int, committed: bool) -> None:
         """After the vote: the line for a dropped step, or for groups that left or joined."""

@@ -14,6 +14,7 @@ from torch.utils.data import TensorDataset
 import ddpkit
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.faulttolerant import ReplicaGroups
+from ddpkit.parallel.ftbuckets import Buckets
 from ddpkit.parallel.ftmembers import Members
 from ddpkit.parallel.replicabatches import ReplicaBatches
 
@@ -73,6 +74,7 @@ def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, Replic
     groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
     groups._last_step, groups._dealer = 0, None
     groups.members = Members(index, torch.device("cpu"))
+    groups.buckets = Buckets(cap_bytes=2**20)
     groups.rank, groups.size, groups._started, groups.votes = 0, 1, True, 0
     groups._run = None
     groups.timeout_s, groups.retries, groups.lighthouse = 1.0, 0, "http://h:1"
