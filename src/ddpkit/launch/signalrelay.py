@@ -62,7 +62,15 @@ def relay_stop_signals_to_group() -> bool:
     for sig in RELAYED:  # a default action would end the process before any relay
         if signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, _relay_then_default)
-    threading.Thread(target=_relay_forever, name="ddpkit-signal-relay", daemon=True).start()
+    # The thread is made with the relayed signals blocked (a thread inherits its creator's
+    # mask), so the kernel never hands it one: they reach the main thread, whose blocking
+    # call then ends (EINTR) and whose Python handler runs at once. A signal taken by the
+    # thread would leave the main thread asleep in its call (signal.pause() never returns).
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
+    try:
+        threading.Thread(target=_relay_forever, name="ddpkit-signal-relay", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     return True
 
 

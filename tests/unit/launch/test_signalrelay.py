@@ -99,3 +99,25 @@ def test_a_function_worker_gets_the_signal_state_of_a_fresh_interpreter() -> Non
     """
     )
     assert lines == ["caught KeyboardInterrupt", "ignored True"], lines
+
+
+def test_the_relay_thread_never_takes_a_signal_from_the_main_thread() -> None:
+    """A signal sent to the process goes to a thread that does not block it: were it the
+    relay's, the main thread would sleep on in its blocking call (seen under load: a
+    ``signal.pause()`` that never returned). The relay thread blocks every relayed signal."""
+    lines = run(
+        """
+        import os, signal, threading
+        from ddpkit.launch.signalrelay import RELAYED, relay_stop_signals_to_group
+        os.setsid()
+        relay_stop_signals_to_group()
+        relay = next(t for t in threading.enumerate() if t.name == "ddpkit-signal-relay")
+        status = open(f"/proc/self/task/{relay.native_id}/status").read()
+        mask = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
+        blocked = int(mask.split()[1], 16)
+        print(all(blocked >> (int(sig) - 1) & 1 for sig in RELAYED))
+        print(signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set())  # main: none blocked
+    """,
+        new_session=False,
+    )
+    assert lines == ["True", "True"], lines
