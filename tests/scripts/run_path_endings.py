@@ -112,7 +112,8 @@ for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1"):
     signal.signal(getattr(signal, name), stopped)
 with open(sys.argv[1], "a") as report:
     report.write("child started\\n")
-time.sleep(60)
+for _ in range(1200):  # short naps: a signal that lands between Python's check and a long
+    time.sleep(0.05)  # sleep's start would only be handled when that sleep ends (60 s)
 """
 
 
