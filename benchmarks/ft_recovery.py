@@ -1,4 +1,4 @@
-"""What one failure costs (issue 54): replica groups that train on (FaultTolerantStrategy,
+"""What one failure costs (issue 54): replica groups that train on (ddpkit.ReplicaGroups,
 experimental) against ddpkit's exact restart, side by side in one run.
 
 - ``ft``: ``ddpkit lighthouse`` (heartbeat 1 s) and 2 replica groups of 1 process each;

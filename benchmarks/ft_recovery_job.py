@@ -2,7 +2,7 @@
 pause a step (so that steps take about as long on both sides), printing ``step N committed C
 at T`` (C: the steps every group committed; without replica groups, N).
 
-    python ft_recovery_job.py ft EPOCHS         # a replica group (FaultTolerantStrategy)
+    python ft_recovery_job.py ft EPOCHS         # a replica group (ddpkit.ReplicaGroups)
     python ft_recovery_job.py restart EPOCHS CHECKPOINT_DIR SAVE_EVERY_STEPS   # plain DDP
 """
 
@@ -25,26 +25,17 @@ class Net(torch.nn.Module):
         return self.outer(torch.relu(self.inner(x)))
 
 
-def committed(model: torch.nn.Module) -> int:
-    from ddpkit.parallel.faulttolerant import replica_groups
-
-    return int(replica_groups(model).manager.current_step())
-
-
 def main() -> None:
     mode, epochs = sys.argv[1], int(sys.argv[2])
     ddpkit.init(seed=0, hang_timeout=0)
     generator = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(96, 16, generator=generator),
                          torch.randint(0, 4, (96,), generator=generator))  # fmt: skip
-    if mode == "ft":
-        from ddpkit.parallel.faulttolerant import FaultTolerantStrategy
-        from ddpkit.parallel.replicabatches import ReplicaBatches
-
-        model = ddpkit.prepare_model(Net(), FaultTolerantStrategy(timeout_s=10))
-        batches, options = ReplicaBatches(model, data, batch_size=4, seed=0), {}
+    model = ddpkit.prepare_model(Net())
+    groups = ddpkit.ReplicaGroups(timeout_s=10) if mode == "ft" else None
+    if groups is not None:
+        batches, options = groups.batches(data, batch_size=4, seed=0), {"replica_groups": groups}
     else:
-        model = ddpkit.prepare_model(Net())
         batches = ddpkit.prepare_loader(data, batch_size=4, shuffle=True)
         options = {"checkpoint_dir": sys.argv[3], "save_every_steps": int(sys.argv[4])}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -53,7 +44,7 @@ def main() -> None:
         for x, y in loop.batches(batches):
             loop.backward(F.cross_entropy(model(x), y))
             loop.optimizer_step()
-            done = committed(model) if mode == "ft" else loop.run.step
+            done = groups.manager.manager.current_step() if groups else loop.run.step
             print(f"step {loop.run.step} committed {done} at {time.time():.3f}", flush=True)
             time.sleep(0.1)
 

@@ -1,8 +1,9 @@
 """The wine classifier as replica groups that train on when one fails (experimental, torchft).
 
 Each replica group is an ordinary ``ddpkit run`` job; across groups, gradients are averaged
-each step over the groups alive at that step (``FaultTolerantStrategy``), and the batches are
-dealt among them (``ReplicaBatches``), each sample once per epoch. Kill a group and the
+each step over the groups alive at that step (``ddpkit.ReplicaGroups``, given to the
+Trainer), and the batches are dealt among them (``groups.batches``), each sample once per
+epoch. Kill a group and the
 others go on at the smaller size without a restart; start it again and it heals from a
 live peer. Needs ``pip install -e '.[ft]'``.
 
@@ -22,8 +23,6 @@ import torch
 import torch.nn.functional as F
 
 import ddpkit
-from ddpkit.parallel.faulttolerant import FaultTolerantStrategy
-from ddpkit.parallel.replicabatches import ReplicaBatches
 from wine import WineNet, load_data
 
 
@@ -42,11 +41,12 @@ def main() -> None:
     args = parse_args()
     ddpkit.init(seed=args.seed)
     train_set, test_set = load_data()
-    strategy = FaultTolerantStrategy(min_groups=args.min_groups)
-    model = ddpkit.prepare_model(WineNet(), strategy)
+    groups = ddpkit.ReplicaGroups(min_groups=args.min_groups)  # the group: DDPKIT_FT_GROUP
+    model = ddpkit.prepare_model(WineNet())  # DDP inside the group, as in any job
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, checkpoint_dir=args.checkpoint_dir)
-    batches = ReplicaBatches(model, train_set, batch_size=args.batch_size, seed=args.seed)
+    trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, checkpoint_dir=args.checkpoint_dir,
+                             replica_groups=groups)  # fmt: skip
+    batches = groups.batches(train_set, batch_size=args.batch_size, seed=args.seed)
     trainer.fit(batches, epochs=args.epochs)
     test = ddpkit.prepare_loader(test_set, batch_size=args.batch_size, shuffle=False)
     result = trainer.evaluate(test)

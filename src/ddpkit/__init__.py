@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ddpkit.data.metricsgather import gather_for_metrics
     from ddpkit.data.samples import sample_generator
     from ddpkit.env.world import World
+    from ddpkit.faulttolerance.groups import ReplicaGroups
     from ddpkit.launch.launcher import spawn
     from ddpkit.observe.explog import ExperimentLog
     from ddpkit.observe.trackers import MLflowLogger, Tracker, WandbLogger
@@ -74,6 +75,7 @@ _LAZY = {
     "prepare_loader": "ddpkit.data.loader",
     "sample_generator": "ddpkit.data.samples",
     "World": "ddpkit.env.world",
+    "ReplicaGroups": "ddpkit.faulttolerance.groups",
     "spawn": "ddpkit.launch.launcher",
     "DDPStrategy": "ddpkit.parallel.ddp",
     "FSDPStrategy": "ddpkit.parallel.fsdp",
@@ -138,6 +140,7 @@ __all__ = [
     "NotInitializedError",
     "RendezvousError",
     "ReplicaDivergenceError",
+    "ReplicaGroups",
     "Tracker",
     "TrainLoop",
     "Trainer",

@@ -1,4 +1,4 @@
-"""One replica group of a fault-tolerant job (FaultTolerantStrategy), as ``ddpkit run``
+"""One replica group of a fault-tolerant job (ddpkit.ReplicaGroups), as ``ddpkit run``
 starts it: ``DDPKIT_FT_GROUP`` names the group, ``TORCHFT_LIGHTHOUSE`` the lighthouse.
 
 ``python replica_group.py OUT EPOCHS [FACE] [--drop-at K] [--min-groups G]`` trains a small
@@ -32,8 +32,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 import ddpkit
-from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, replica_groups
-from ddpkit.parallel.replicabatches import ReplicaBatches
+from ddpkit.faulttolerance.batches import ReplicaBatches
 
 
 class Net(torch.nn.Module):
@@ -50,19 +49,20 @@ class Witness(ddpkit.Callback):
     counts after each batch; at update ``drop_at``, an error reported to torchft before the
     vote."""
 
-    def __init__(self, model: torch.nn.Module, batches: ReplicaBatches, drop_at: int | None,
+    def __init__(self, groups: ddpkit.ReplicaGroups, batches: ReplicaBatches, drop_at: int | None,
                  record: str, hold: str | None) -> None:  # fmt: skip
-        self.groups, self.batches, self.drop_at = replica_groups(model), batches, drop_at
+        self.groups, self.batches, self.drop_at = groups, batches, drop_at
         self.record = open(record, "a")  # noqa: SIM115 (open for the whole run)
         self.updates, self.before, self.hold = 0, 0, hold
 
     def on_train_batch_start(self, trainer, batch) -> None:
         self.before, self.updates = trainer.step, self.updates + 1
         if self.updates == self.drop_at:  # after the step's quorum, before its vote
-            self.groups.manager.report_error(RuntimeError("injected: the exchange failed"))
+            torchft = self.groups.manager.manager
+            torchft.report_error(RuntimeError("injected: the exchange failed"))
 
     def on_train_batch_end(self, trainer, batch, metrics) -> None:
-        manager = self.groups.manager
+        manager = self.groups.manager.manager  # torchft's
         if trainer.step != self.before:  # committed (a filler batch trains nothing)
             samples = [] if self.batches.idle else sorted(batch[2].tolist())
             line = {"epoch": self.batches.epoch, "step": trainer.step, "samples": samples,
@@ -94,19 +94,20 @@ def main() -> None:
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(0)  # every group starts alike (checked); one joining later heals
     patience = args.timeout or (30 if args.face == "patient" else 10)  # an outage, a late group
-    strategy = FaultTolerantStrategy(timeout_s=patience, min_groups=args.min_groups)
-    model = ddpkit.prepare_model(Net(), strategy)
+    groups = ddpkit.ReplicaGroups(timeout_s=patience, min_groups=args.min_groups)
+    model = ddpkit.prepare_model(Net())
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(48, 16, generator=generator)
     labels = torch.randint(0, 4, (48,), generator=generator)
     data = TensorDataset(inputs, labels, torch.arange(48))  # each sample carries its index
-    batches = ReplicaBatches(model, data, batch_size=4, seed=0)
-    witness = Witness(model, batches, args.drop_at, args.out + ".trained.jsonl", args.hold)
+    batches = groups.batches(data, batch_size=4, seed=0)
+    witness = Witness(groups, batches, args.drop_at, args.out + ".trained.jsonl", args.hold)
     if args.face == "trainer":  # the other face, a scheduler stepped per step, no pauses
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.7)
         trainer = ddpkit.Trainer(model, opt, training_step=lambda b: F.cross_entropy(
-            model(b[0]), b[1]), scheduler=sched, callbacks=[witness])  # fmt: skip
+            model(b[0]), b[1]), scheduler=sched, callbacks=[witness],
+            replica_groups=groups)  # fmt: skip
         trainer.fit(batches, epochs=args.epochs)
         trained_epochs = trainer.epoch
     else:
@@ -114,7 +115,7 @@ def main() -> None:
         state = {"model": model, "optimizer": opt, "batches": batches}
         loop = ddpkit.TrainLoop(state, args.out + ".ckpt" if resumable else None,
                                 save_every_steps=5 if resumable else None,
-                                callbacks=[witness])  # fmt: skip
+                                callbacks=[witness], replica_groups=groups)  # fmt: skip
         for _ in loop.epochs(args.epochs):
             for x, y, _index in loop.batches(batches):
                 loop.backward(F.cross_entropy(model(x), y))

@@ -22,7 +22,8 @@ PUBLIC_NAMES = {
     "ActivationCheckpointing", "BatchPlan", "Callback", "CheckpointError",
     "CollectiveMismatchError", "ConfigError", "DDPStrategy", "DdpkitError", "ExperimentLog",
     "FSDPStrategy", "HSDPStrategy", "MLflowLogger", "MainRankStalledError",
-    "NotInitializedError", "RendezvousError", "ReplicaDivergenceError", "Tracker", "TrainLoop",
+    "NotInitializedError", "RendezvousError", "ReplicaDivergenceError", "ReplicaGroups",
+    "Tracker", "TrainLoop",
     "Trainer", "WandbLogger", "WorkerFailedError", "World", "__version__", "all_gather",
     "all_reduce_mean", "all_reduce_sum", "barrier", "current_world",
     "gather_for_metrics", "get_rank", "init", "is_main", "main_first", "plan_batch",
@@ -32,8 +33,8 @@ PUBLIC_NAMES = {
 
 LOOP_KEYWORDS = [
     "save_every", "save_every_steps", "keep_last", "async_save", "accumulate", "precision",
-    "clip_grad_norm", "nonfinite_loss", "check_replicas_every", "log_every", "log_dir",
-    "loggers", "profile",
+    "clip_grad_norm", "nonfinite_loss", "check_replicas_every", "replica_groups", "log_every",
+    "log_dir", "loggers", "profile",
 ]  # fmt: skip
 
 KEYWORDS = {
@@ -57,6 +58,8 @@ STRATEGY_OPTIONS = {
     "FSDPStrategy": ["units", "mixed_precision", "reshard_after_forward"],
     "HSDPStrategy": ["units", "mixed_precision", "reshard_after_forward", "shard_size"],
     "ActivationCheckpointing": ["blocks", "every"],
+    "ReplicaGroups": ["group", "lighthouse", "min_groups", "timeout_s", "quorum_retries",
+                      "bucket_cap_mb"],
 }  # fmt: skip
 
 

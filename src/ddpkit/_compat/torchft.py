@@ -70,7 +70,7 @@ class _Renumbered:
 
 def heal_transport_base() -> type:
     """torchft's HTTP transport, checked to load a peer's state through the method ddpkit
-    overrides (:class:`ddpkit.parallel.ftheal.HealTransport`); a ConfigError otherwise.
+    overrides (:class:`ddpkit.faulttolerance.heal.HealTransport`); a ConfigError otherwise.
 
     Example::
 

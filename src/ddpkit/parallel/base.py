@@ -69,7 +69,6 @@ class Strategy(ABC):
     replicas_identical: bool = True  # False: ranks hold different shards
     checkpoint_kind: CheckpointKind = "whole"
     uneven_batches: UnevenBatches = "free"
-    across_groups: bool = False  # True: averages across replica groups each step (experimental)
 
     @abstractmethod
     def wrap(self, model: nn.Module, world: World) -> nn.Module:
@@ -131,26 +130,6 @@ class Strategy(ABC):
     def join(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
         """Around an epoch whose ranks hold different numbers of batches."""
         return contextlib.nullcontext()
-
-    def attach(self, model: nn.Module, run: Any) -> None:
-        """The loop's RunState, once, before training. Only fault-tolerant replica groups
-        keep it: a group that heals receives it from a live peer."""
-        return None
-
-    def start_update(self, model: nn.Module) -> None:
-        """Before an optimizer update's backward passes. Only fault-tolerant replica groups
-        do anything here: they ask for the step's quorum."""
-        return None
-
-    def loss_weight(self, model: nn.Module) -> float:
-        """What this rank's loss counts for in the update (1). Only fault-tolerant replica
-        groups weigh it: by the rank's share of the step's samples, 0 for a filler batch."""
-        return 1.0
-
-    def finish_update(self, model: nn.Module) -> bool:
-        """After the update's backward passes, before the step: whether to take it. Only
-        fault-tolerant replica groups can say no (the exchange between groups failed)."""
-        return True
 
     def full_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's tensors on CPU (a collective where the state is sharded)."""

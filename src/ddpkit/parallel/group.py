@@ -66,14 +66,7 @@ class GroupStrategy(Strategy):
 
     def __init__(self, group: ModelGroup) -> None:
         kinds = {name: strategy_of(model) for name, model in group.items()}
-        # Asked of every member, by what the strategies answer, not by their names (a
-        # replica-group model reports "ddp" too, and beside a plain DDP member it would
-        # have trained without averaging across the groups).
-        if any(kind.across_groups for kind in kinds.values()):  # its hooks: one model's
-            raise ConfigError(
-                "FaultTolerantStrategy (experimental) trains one model per Trainer or "
-                "TrainLoop for now; wrap the models in one nn.Module, or use strategy='ddp'"
-            )
+        # Asked of every member, by what the strategies answer, not by their names.
         if any(kind.sharded for kind in kinds.values()):
             raise ConfigError(
                 "several FSDP models in one Trainer are not supported yet; use "
@@ -125,7 +118,7 @@ def _traits(kind: Strategy) -> tuple[object, ...]:
     """What the engine asks of a strategy: members must answer alike (their options, such as
     DDP's bucket size, may differ)."""
     return (type(kind), kind.name, kind.replicas_identical, kind.checkpoint_kind,
-            kind.uneven_batches, kind.sharded, kind.across_groups)  # fmt: skip
+            kind.uneven_batches, kind.sharded)  # fmt: skip
 
 
 def _members(model: nn.Module) -> list[tuple[str, nn.Module]]:

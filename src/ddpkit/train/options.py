@@ -16,11 +16,14 @@ import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ForwardRef, Literal, TypedDict, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, ForwardRef, Literal, TypedDict, TypeVar, get_args
 
 from ddpkit._core.validate import check_choice, check_positive_int
 from ddpkit.errors import ConfigError
 from ddpkit.observe.profiling.spec import ProfileSpec
+
+if TYPE_CHECKING:
+    from ddpkit.faulttolerance.groups import ReplicaGroups
 
 Precision = Literal["fp32", "bf16", "fp16"]
 NonFiniteLoss = Literal["error", "skip"]
@@ -66,7 +69,9 @@ class CheckpointOptions:
 class LoopOptions:
     """How each step is made: ``accumulate`` batches per optimizer step, ``precision``,
     ``clip_grad_norm``, ``nonfinite_loss`` (``"error"`` or ``"skip"``),
-    ``check_replicas_every`` steps, and when the schedulers step (``scheduler_interval``).
+    ``check_replicas_every`` steps, when the schedulers step (``scheduler_interval``), and
+    the ``replica_groups`` each step is averaged across (experimental,
+    :class:`~ddpkit.ReplicaGroups`).
 
     Example:
         >>> LoopOptions(clip_grad_norm=0.0)
@@ -81,6 +86,7 @@ class LoopOptions:
     nonfinite_loss: NonFiniteLoss = "error"
     check_replicas_every: int | None = None
     scheduler_interval: SchedulerInterval = "step"
+    replica_groups: ReplicaGroups | None = None
 
     def __post_init__(self) -> None:
         check_positive_int("accumulate", self.accumulate)
@@ -91,6 +97,15 @@ class LoopOptions:
         if self.check_replicas_every is not None:
             check_positive_int("check_replicas_every", self.check_replicas_every)
         check_choice("scheduler_interval", self.scheduler_interval, get_args(SchedulerInterval))
+        if self.replica_groups is not None:
+            from ddpkit.faulttolerance.groups import ReplicaGroups
+
+            if not isinstance(self.replica_groups, ReplicaGroups):
+                raise ConfigError(f"replica_groups takes a ddpkit.ReplicaGroups(...), not "
+                                  f"{type(self.replica_groups).__name__}")  # fmt: skip
+            if self.nonfinite_loss == "skip":  # a group would skip a step the others take
+                raise ConfigError("nonfinite_loss='skip' is not supported with replica_groups "
+                                  "yet; use nonfinite_loss='error'")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,7 +140,7 @@ class LoopKeywords(TypedDict, total=False):
     """The keywords both faces take; each one's default and meaning is its option's field:
     :class:`CheckpointOptions` (``save_every``, ``save_every_steps``, ``keep_last``,
     ``async_save``), :class:`LoopOptions` (``accumulate``, ``precision``,
-    ``clip_grad_norm``, ``nonfinite_loss``, ``check_replicas_every``) and
+    ``clip_grad_norm``, ``nonfinite_loss``, ``check_replicas_every``, ``replica_groups``) and
     :class:`LogOptions` (``log_every``, ``log_dir``, ``loggers``, ``profile``).
 
     Example:
@@ -142,6 +157,7 @@ class LoopKeywords(TypedDict, total=False):
     clip_grad_norm: float | None
     nonfinite_loss: NonFiniteLoss
     check_replicas_every: int | None
+    replica_groups: ReplicaGroups | None
     log_every: int | None
     log_dir: str | os.PathLike[str] | None
     loggers: Sequence[Any]

@@ -26,18 +26,53 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit.errors import ConfigError, NonFiniteLossError
+from ddpkit.errors import NonFiniteLossError
 from ddpkit.train.guard import StepGuard
 from ddpkit.train.options import LoopOptions, SchedulerInterval
 from ddpkit.train.precision import MixedPrecision
 from ddpkit.train.state import RunState
 
 _NOTHING = contextlib.nullcontext()  # it holds no state: one serves every step
+
+
+class AcrossGroups(Protocol):
+    """What a step asks of the replica groups it is averaged across
+    (:class:`~ddpkit.ReplicaGroups`); a run without them has :class:`Alone`."""
+
+    def attach(self, run: RunState, model: nn.Module) -> None: ...
+
+    def start(self) -> None: ...
+
+    def loss_weight(self) -> float: ...
+
+    def finish(self, model: nn.Module) -> bool: ...
+
+
+class Alone:
+    """No replica groups: nothing asked before a step, each loss counts 1, every step taken.
+
+    Example:
+        >>> Alone().finish(torch.nn.Linear(1, 1))
+        True
+    """
+
+    def attach(self, run: RunState, model: nn.Module) -> None:
+        return None
+
+    def start(self) -> None:
+        return None
+
+    def loss_weight(self) -> float:
+        return 1.0
+
+    def finish(self, model: nn.Module) -> bool:
+        return True
 
 
 class Updater:
@@ -60,12 +95,8 @@ class Updater:
         self.final, self.group = True, 1  # this micro-batch ends its group of ``group``
         self.stepped = False  # an optimizer step was made in the group in progress
         self._stop: str | None = None  # a stop signal any rank got, agreed in this group
-        if guard.policy == "skip" and run.strategy.across_groups:
-            raise ConfigError(
-                "nonfinite_loss='skip' is not supported with FaultTolerantStrategy yet (a "
-                "replica group would skip a step the others take); use nonfinite_loss='error'"
-            )
-        run.strategy.attach(run.model, run)
+        self.groups: AcrossGroups = options.replica_groups or Alone()
+        self.groups.attach(run, run.model)
 
     def begin(self, index: int, total: int | None, last: bool) -> None:
         """Micro-batch ``index`` of ``total`` (None: unknown) starts; ``last``: the epoch's."""
@@ -74,7 +105,7 @@ class Updater:
         first = index - index % accumulate  # the epoch's last group may be short
         self.group = accumulate if total is None else min(accumulate, total - first)
         if index == first:
-            self.run.strategy.start_update(self.run.model)
+            self.groups.start()
 
     def gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
         """Around a micro-batch's forward and backward: all-reduce only on its group's last."""
@@ -86,7 +117,7 @@ class Updater:
         """Check ``loss`` for NaN/inf (without waiting for it), then backpropagate its share
         of the accumulation group, outside autocast, scaled under fp16."""
         self.guard.note_loss(loss)
-        weight = self.run.strategy.loss_weight(self.run.model)
+        weight = self.groups.loss_weight()
         loss = loss * weight if weight != 1.0 else loss
         loss = loss / self.group if self.group > 1 else loss
         device = loss.device.type  # leaving autocast costs 2 us a step: only when inside it
@@ -144,7 +175,7 @@ class Updater:
         then nothing moves on, not the step, the schedulers nor the batches dealt, as
         torchft counts committed steps only (a resumed group's step is compared with its
         peers' to choose who heals from whom)."""
-        if not self.run.strategy.finish_update(self.run.model):
+        if not self.groups.finish(self.run.model):
             self.zero_grad()
             return False
         for optimizer in optimizers:

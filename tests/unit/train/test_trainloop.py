@@ -14,7 +14,7 @@ from torch import nn
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints
 from ddpkit.errors import ConfigError, NonFiniteLossError
-from ddpkit.parallel.unwrapped import Unwrapped
+from ddpkit.faulttolerance.groups import ReplicaGroups
 from helpers.mp_workers import cpu_state, toy_dataset
 
 
@@ -140,16 +140,22 @@ def test_an_epoch_that_trains_no_batch_still_ends_with_its_line(
     assert [m["epoch"] for m in loop.history] == [1.0, 2.0]
 
 
-class DroppingGroups(Unwrapped):
+class DroppingGroups(ReplicaGroups):
     """Replica groups that drop the updates at the steps listed (as torchft's vote does when
-    an exchange failed), with the same batch dealt again."""
-
-    across_groups = True
+    an exchange failed), with the same batch dealt again; no torchft behind them."""
 
     def __init__(self, drop_at: set[int]) -> None:
+        super().__init__(group="0")
         self.drop_at, self.updates = drop_at, 0
 
-    def finish_update(self, model: nn.Module) -> bool:
+    def attach(self, run: Any, model: nn.Module) -> None: ...
+
+    def start(self) -> None: ...
+
+    def loss_weight(self) -> float:
+        return 1.0
+
+    def finish(self, model: nn.Module) -> bool:
         self.updates += 1
         return self.updates not in self.drop_at
 
@@ -160,10 +166,11 @@ def test_a_dropped_replica_group_step_moves_nothing_on(tmp_path: Path) -> None:
     gradients gone."""
     ddpkit.init(hang_timeout=0, seed=5)
     model = dropout_model()
-    model.ddpkit_strategy = DroppingGroups(drop_at={2, 3})  # as prepare_model marks a model
+    groups = DroppingGroups(drop_at={2, 3})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, tmp_path, save_every_steps=2)
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, tmp_path, save_every_steps=2,
+                            replica_groups=groups)  # fmt: skip
     x, y = toy_dataset()[:8]
     steps, unchanged, taken = [], [], []
     for _ in loop.epochs(1):
@@ -185,10 +192,11 @@ def test_a_dropped_replica_group_step_moves_nothing_on(tmp_path: Path) -> None:
 def test_the_trainers_schedulers_skip_a_dropped_step() -> None:
     ddpkit.init(hang_timeout=0, seed=5)
     model = dropout_model()
-    model.ddpkit_strategy = DroppingGroups(drop_at={2, 3})
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    trainer = ddpkit.Trainer(model, opt, F.cross_entropy, scheduler=sched)
+    trainer = ddpkit.Trainer(
+        model, opt, F.cross_entropy, scheduler=sched, replica_groups=DroppingGroups(drop_at={2, 3})
+    )
     x, y = toy_dataset()[:8]
     trainer.fit([(x, y)] * 5, epochs=1)
     assert trainer.loop.step == 3 and sched.last_epoch == 3

@@ -1,5 +1,5 @@
 """``ddpkit lighthouse`` (**experimental**): start the torchft lighthouse that the replica
-groups of a fault-tolerant job (``FaultTolerantStrategy``) meet at, and keep it until stopped.
+groups of a fault-tolerant job (``ReplicaGroups``) meet at, and keep it until stopped.
 
 It keeps the list of groups alive (a group that misses heartbeats for ``--heartbeat-ms`` is
 left out of the next step) and starts each step's quorum. It prints the address to give each
@@ -24,12 +24,12 @@ from typing import Any
 from ddpkit._core.log import command_logger
 from ddpkit._core.validate import check_positive_int
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.faulttolerant import import_torchft
+from ddpkit.faulttolerance.manager import import_torchft
 
 HELP = "start the torchft lighthouse of a fault-tolerant job's replica groups (experimental)"
 DESCRIPTION = (
     "Start the torchft lighthouse that the replica groups of a fault-tolerant job "
-    "(FaultTolerantStrategy, experimental) meet at, print its address for TORCHFT_LIGHTHOUSE, "
+    "(ReplicaGroups, experimental) meet at, print its address for TORCHFT_LIGHTHOUSE, "
     "and keep it until Ctrl-C or SIGTERM. Needs pip install 'ddpkit[ft]'."
 )
 
@@ -77,7 +77,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> Any:
     import_torchft("ddpkit lighthouse")
-    from ddpkit.parallel.ftheal import serve_lighthouse
+    from ddpkit.faulttolerance.heal import serve_lighthouse
 
     try:
         return serve_lighthouse(args.bind, args.min_groups, args.heartbeat_ms, args.join_ms)

@@ -63,7 +63,7 @@ def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
                         help="resume the workers' run on M workers halfway, from its "
                              "checkpoint (an elastic job's world changing)")  # fmt: skip
     parser.add_argument("--replica-groups", type=int, default=pick(None), metavar="G",
-                        help="experimental: a fault-tolerant run (FaultTolerantStrategy, "
+                        help="experimental: a fault-tolerant run (ReplicaGroups, "
                              "torchft) of G replica groups of N workers each, no failure, "
                              "against one process")  # fmt: skip
     parser.add_argument("--rtol", type=float, default=pick(None),

@@ -1,5 +1,5 @@
 """``ddpkit verify --replica-groups G`` (**experimental**): a fault-tolerant run of G replica
-groups (``FaultTolerantStrategy``), with no failure, against one process.
+groups (``ReplicaGroups``), with no failure, against one process.
 
 verify starts a torchft lighthouse of its own on loopback that forms the first step's quorum
 only once all G groups have joined, then runs G ``ddpkit run`` jobs of N workers at once,
@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from ddpkit._core.protocol import FT_GROUP_ENV
-from ddpkit.parallel.faulttolerant import LIGHTHOUSE_ENV, import_torchft
+from ddpkit.faulttolerance.groups import LIGHTHOUSE_ENV
+from ddpkit.faulttolerance.manager import import_torchft
 from ddpkit.tools.verify.report import Finding
 
 HEARTBEAT_MS = 5000  # no group fails here: a generous beat for a busy machine
@@ -42,7 +43,7 @@ def lighthouse(groups: int) -> Iterator[dict[str, str]]:
         with lighthouse(2) as env: ...   # {'TORCHFT_LIGHTHOUSE': 'http://127.0.0.1:41234'}
     """
     import_torchft("verify --replica-groups")
-    from ddpkit.parallel.ftheal import serve_lighthouse
+    from ddpkit.faulttolerance.heal import serve_lighthouse
 
     server = serve_lighthouse("127.0.0.1:0", groups, HEARTBEAT_MS, JOIN_MS)
     try:

@@ -1,5 +1,6 @@
-"""FaultTolerantStrategy's refusals, before any torchft call: the extra to install, the
-group and the lighthouse it needs, DDP's options passed on alone."""
+"""ReplicaGroups' refusals, before any torchft call (the extra to install, the group and the
+lighthouse it needs, its options, what the loop may be given), and its manager's parts on
+torchft's real Manager and transport."""
 
 from __future__ import annotations
 
@@ -14,11 +15,30 @@ import torch
 
 import ddpkit
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
+from ddpkit.faulttolerance.groups import ReplicaGroups
+from ddpkit.faulttolerance.manager import GroupManager
 
 
 class World:
     rank, world_size, device = 0, 1, torch.device("cpu")
+
+
+class Run:
+    """The run a healing peer would receive (ddpkit's RunState, reduced)."""
+
+    step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def started(groups: ReplicaGroups) -> GroupManager:
+    """What the loop's start makes of the groups: torchft's manager of this group."""
+    with patch("ddpkit.runtime.session.current_world", World):
+        groups.attach(Run(), torch.nn.Linear(1, 1))
+    return groups.manager
 
 
 @pytest.fixture(autouse=True)
@@ -30,23 +50,39 @@ def rust_log(monkeypatch) -> None:
 def test_without_torchft_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "torchft", None)  # import now raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'ddpkit\[ft\]'"):
-        ReplicaGroups(FaultTolerantStrategy(group="0", lighthouse="http://h:1"), World())
+        started(ReplicaGroups(group="0", lighthouse="http://h:1"))
 
 
 def test_the_group_and_the_lighthouse_are_asked_for(monkeypatch) -> None:
     monkeypatch.delenv("DDPKIT_FT_GROUP", raising=False)
     monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
     with pytest.raises(ConfigError, match="DDPKIT_FT_GROUP=0"):
-        _ = FaultTolerantStrategy().layout
-    pytest.importorskip("torchft")
+        ReplicaGroups().name()
+    with pytest.raises(ConfigError, match="a replica group is a number"):
+        ReplicaGroups(group="east").name()
     with pytest.raises(ConfigError, match="TORCHFT_LIGHTHOUSE"):
-        ReplicaGroups(FaultTolerantStrategy(group="0"), World())
+        ReplicaGroups(group="0").address()
+    monkeypatch.setenv("DDPKIT_FT_GROUP", "2")
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://h:1")
+    assert (ReplicaGroups().name(), ReplicaGroups().address()) == ("2", "http://h:1")
 
 
-def test_only_ddps_own_options_reach_torchs_ddp() -> None:
-    strategy = FaultTolerantStrategy(group="0", timeout_s=5, bucket_cap_mb=50)
-    assert strategy._torch_options() == {"bucket_cap_mb": 50}
-    assert "lighthouse" in FaultTolerantStrategy.fields()
+def test_the_options_are_checked_named_and_shown_where_they_differ() -> None:
+    with pytest.raises(ConfigError, match=r"timeout_s takes a number > 0 \(seconds\)"):
+        ReplicaGroups(timeout_s=0)
+    with pytest.raises(ConfigError, match=r"min_groups takes an integer >= 1"):
+        ReplicaGroups(min_groups=0)
+    with pytest.raises(ConfigError, match="ReplicaGroups takes its options by name"):
+        ReplicaGroups("0")  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="ReplicaGroups has no option 'find_unused_parameters'"):
+        ReplicaGroups(find_unused_parameters=True)  # type: ignore[call-arg]
+    assert repr(ReplicaGroups(group="1", bucket_cap_mb=50.0)) == (
+        "ReplicaGroups(group='1', bucket_cap_mb=50.0)")  # fmt: skip
+
+
+def test_the_groups_say_how_to_start_them_when_used_before_the_loop() -> None:
+    with pytest.raises(ConfigError, match=r"Trainer\(\.\.\., replica_groups=groups\)"):
+        _ = ReplicaGroups(group="0").manager
 
 
 @pytest.mark.timeout(60)
@@ -57,10 +93,10 @@ def test_an_unreachable_lighthouse_is_named_with_its_address(monkeypatch) -> Non
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
     monkeypatch.setenv("MASTER_PORT", str(store.port))
-    strategy = FaultTolerantStrategy(group="0", lighthouse="http://127.0.0.1:1", timeout_s=2)
+    groups = ReplicaGroups(group="0", lighthouse="http://127.0.0.1:1", timeout_s=2)
     said = r"could not reach the lighthouse at http://127.0.0.1:1 within 2 s"
     with pytest.raises(ConfigError, match=said):
-        ReplicaGroups(strategy, World())
+        started(groups)
 
 
 class Averaging:
@@ -81,7 +117,7 @@ class Averaging:
 
 
 def start_checked(mine: torch.nn.Module, theirs: torch.nn.Module) -> None:
-    groups = object.__new__(ReplicaGroups)
+    groups = object.__new__(GroupManager)
     sums = torch.stack([p.detach().double().sum() for p in theirs.parameters()])
     groups.manager, groups.group = Averaging(torch.cat([sums, sums * sums])), "0"
     groups._check_same_start(mine)
@@ -97,26 +133,22 @@ def test_groups_that_start_from_other_weights_are_refused_at_the_first_step() ->
 
 
 def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
-    """Skipping a NaN step (the other groups would take it), and a group of models (the
-    hooks take one model's gradients)."""
-    from ddpkit.parallel.group import GroupStrategy, ModelGroup
-
-    models = ModelGroup({"a": torch.nn.Linear(1, 1), "b": torch.nn.Linear(1, 1)})
-    faulttolerant = patch("ddpkit.parallel.group.strategy_of", lambda m: FaultTolerantStrategy())
-    with faulttolerant, pytest.raises(ConfigError, match="one model per Trainer"):
-        GroupStrategy(models)
-    for first in ("a", "b"):  # a replica-group model beside a plain DDP one, in either order
-        kinds = {first: ddpkit.DDPStrategy(), ({"a", "b"} - {first}).pop(): FaultTolerantStrategy()}
-        mixed = patch("ddpkit.parallel.group.strategy_of", lambda m, k=kinds: k[_name(models, m)])
-        with mixed, pytest.raises(ConfigError, match="one model per Trainer"):
-            GroupStrategy(models)
+    """Skipping a NaN step (the other groups would take it), a sharded model (its gradients
+    are shards, not yet exchanged between groups), and something else given as the groups."""
     model = torch.nn.Linear(1, 1)
-    model.ddpkit_strategy = FaultTolerantStrategy(group="0")  # as prepare_model marks it
     ddpkit.init()
     try:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         with pytest.raises(ConfigError, match="nonfinite_loss='skip' is not supported"):
-            ddpkit.TrainLoop({"model": model, "optimizer": torch.optim.SGD(
-                model.parameters(), lr=0.1)}, nonfinite_loss="skip")  # fmt: skip
+            ddpkit.TrainLoop({"model": model, "optimizer": optimizer}, nonfinite_loss="skip",
+                             replica_groups=ReplicaGroups(group="0"))  # fmt: skip
+        with pytest.raises(ConfigError, match=r"replica_groups takes a ddpkit.ReplicaGroups"):
+            ddpkit.TrainLoop({"model": model, "optimizer": optimizer},
+                             replica_groups="0")  # type: ignore[typeddict-item]  # fmt: skip
+        sharded = patch("ddpkit.parallel.strategy.strategy_of",
+                        lambda m: ddpkit.FSDPStrategy())  # fmt: skip
+        with sharded, pytest.raises(ConfigError, match="do not take a sharded model yet"):
+            ReplicaGroups(group="0", lighthouse="http://h:1").attach(Run(), model)
     finally:
         ddpkit.shutdown()
 
@@ -142,7 +174,7 @@ def test_a_peers_state_is_loaded_weights_only_into_tensors_of_its_own(monkeypatc
     import pickle
     from datetime import timedelta
 
-    from ddpkit.parallel.ftheal import HealTransport
+    from ddpkit.faulttolerance.heal import HealTransport
 
     def load(state: object) -> object:
         monkeypatch.setattr("urllib.request.urlopen", lambda address, timeout: served(state))
@@ -156,30 +188,25 @@ def test_a_peers_state_is_loaded_weights_only_into_tensors_of_its_own(monkeypatc
         load({"w": torch.ones(1), "payload": Payload()})
 
 
-def _name(group: torch.nn.ModuleDict, member: torch.nn.Module) -> str:
-    return next(name for name, model in group.items() if model is member)
-
-
 @pytest.fixture
 def real_lighthouse() -> Any:
     """torchft's own lighthouse, in this process (cheap: no fake needed)."""
     pytest.importorskip("torchft")
-    from ddpkit.parallel.ftheal import serve_lighthouse
+    from ddpkit.faulttolerance.heal import serve_lighthouse
 
     server = serve_lighthouse("127.0.0.1:0", min_groups=1, heartbeat_ms=500, join_ms=100)
     yield server
     server.shutdown()
 
 
-def groups_at(lighthouse: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> ReplicaGroups:
+def groups_at(lighthouse: str, monkeypatch: pytest.MonkeyPatch, **options: Any) -> GroupManager:
     """A replica group of one process on torchft's real Manager, its store on loopback."""
     import torch.distributed as dist
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
     monkeypatch.setenv("MASTER_PORT", str(store.port))
-    strategy = FaultTolerantStrategy(group="0", lighthouse=lighthouse, **options)
-    groups = ReplicaGroups(strategy, World())
+    groups = started(ReplicaGroups(group="0", lighthouse=lighthouse, **options))
     groups._store_kept = store  # type: ignore[attr-defined]  # alive as long as the group
     return groups
 
@@ -190,7 +217,7 @@ def test_quorum_numbers_are_renumbered_on_torchfts_real_manager(
 ) -> None:
     """The renumbering sits on torchft's own quorum path: the number torchft's manager keys
     its process group's store prefix by is ddpkit's, not the lighthouse's."""
-    from ddpkit.parallel.ftquorum import QuorumNumbers
+    from ddpkit.faulttolerance.quorum import QuorumNumbers
 
     given: list[tuple[int, int]] = []  # (the lighthouse's number, ddpkit's)
     renumber = QuorumNumbers.renumber
@@ -220,7 +247,7 @@ def test_a_healing_peers_state_is_loaded_weights_only_on_torchfts_receive_path(
     pytest.importorskip("torchft")
     from datetime import timedelta
 
-    from ddpkit.parallel.ftheal import HealTransport
+    from ddpkit.faulttolerance.heal import HealTransport
 
     timeout = timedelta(seconds=10)
     sender, receiver = HealTransport(timeout), HealTransport(timeout)

@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from ddpkit.parallel.ftmembers import NAMED_GROUPS, Members
+from ddpkit.faulttolerance.members import NAMED_GROUPS, Members
 
 
 class Averaging:

@@ -22,7 +22,7 @@ order), the same on every group.
 
 Example::
 
-    batches = ReplicaBatches(model, dataset, batch_size=32)   # model: FaultTolerantStrategy's
+    batches = groups.batches(dataset, batch_size=32)   # groups: ddpkit.ReplicaGroups
     for epoch in loop.epochs(10):
         for x, y in loop.batches(batches):
             ...
@@ -31,15 +31,25 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 from torch.utils.data import default_collate
 
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.faulttolerant import replica_groups
-from ddpkit.runtime.session import reference_world_size
+from ddpkit.runtime.session import current_world, reference_world_size
+
+if TYPE_CHECKING:
+    from ddpkit.faulttolerance.manager import Dealer, GroupManager
+
+
+class Groups(Protocol):
+    """What the batches ask of the replica groups (:class:`~ddpkit.ReplicaGroups`)."""
+
+    @property
+    def manager(self) -> GroupManager: ...
+
+    def deal_with(self, dealer: Dealer) -> None: ...
 
 
 class ReplicaBatches:
@@ -51,22 +61,24 @@ class ReplicaBatches:
 
     Example::
 
-        for x, y in loop.batches(ReplicaBatches(model, data, batch_size=8, seed=0)): ...
+        for x, y in loop.batches(ReplicaBatches(groups, data, batch_size=8, seed=0)): ...
     """
 
     ranks_in_step = True  # one cursor for all: every rank ends the epoch at the same step
 
     def __init__(
-        self, model: nn.Module, dataset: Any, batch_size: int, *, shuffle: bool = True,
+        self, groups: Groups, dataset: Any, batch_size: int, *, shuffle: bool = True,
         seed: int = 0,
     ) -> None:  # fmt: skip
         self.dataset, self.shuffle, self.seed = dataset, shuffle, seed
-        self.groups = replica_groups(model)
+        self.groups = groups
+        world = current_world()  # this group's ranks
+        self.rank, self.size = world.rank, world.world_size
         self.slice_size = batch_size
         self.slices = -(-len(dataset) // batch_size)
         # A group's slices a step: one a rank, or all the ranks' verify's reference stands for
-        self.span = reference_world_size() or self.groups.size
-        self.per_rank = self.span // self.groups.size
+        self.span = reference_world_size() or self.size
+        self.per_rank = self.span // self.size
         self.batch_size = batch_size * self.per_rank  # one rank's batch, as loaders say
         self.epoch, self.cursor = 0, 0
         self.record: list[tuple[int, list[int]]] = []
@@ -98,19 +110,20 @@ class ReplicaBatches:
         return not self._mine
 
     def __iter__(self) -> Iterator[Any]:
+        manager = self.groups.manager
         while True:
-            self.groups.start()  # this step's quorum: who is in it, and where
+            manager.start()  # this step's quorum: who is in it, and where
             if self.cursor >= self.slices:  # the same cursor everywhere: all end here
                 self.epoch, self.cursor = self.epoch + 1, 0
                 return
-            if self._voted_at == self.groups.votes:
+            if self._voted_at == manager.votes:
                 raise ConfigError(
                     "ReplicaBatches deals one batch a step, and a second came before the "
                     "step's vote: train with accumulate=1 (each micro-batch would get the "
                     "same batch)"
                 )
-            self._voted_at = self.groups.votes
-            self._mine = self._slices_at(self.groups.position())
+            self._voted_at = manager.votes
+            self._mine = self._slices_at(manager.position())
             yield self._batch(self._mine or [self.cursor])
 
     def loss_weight(self, participants: int) -> float:
@@ -122,7 +135,7 @@ class ReplicaBatches:
             return 0.0
         end = min(self.cursor + participants * self.span, self.slices)
         step_samples = sum(len(self._indices(s)) for s in range(self.cursor, end))
-        return participants * self.groups.size * len(self.dealt) / step_samples
+        return participants * self.size * len(self.dealt) / step_samples
 
     def committed(self, participants: int) -> None:
         """After a step every group committed: its slices are done; the cursor moves on."""
@@ -152,7 +165,7 @@ class ReplicaBatches:
     def _slices_at(self, position: int | None) -> list[int]:
         if position is None:  # healing: it only receives this step
             return []
-        first = self.cursor + position * self.span + self.groups.rank * self.per_rank
+        first = self.cursor + position * self.span + self.rank * self.per_rank
         return [s for s in range(first, first + self.per_rank) if s < self.slices]
 
     def _batch(self, slices: list[int]) -> Any:

@@ -1,32 +1,25 @@
-"""**Experimental.** :class:`FaultTolerantStrategy`: replica groups that train on when one
-fails, through torchft (``pip install 'ddpkit[ft]'``).
+"""**Experimental.** One replica group's torchft ``Manager``, started with the run: each
+step's quorum, the exchange of gradients between the groups and the vote.
 
-Each replica group is an ordinary ddpkit job (``ddpkit run``, any size), wrapped in DDP
-inside the group. Across groups, after each backward, the gradients are averaged over the
-groups alive at this step by torchft's ``Manager``: a quorum at the lighthouse, an
-all-reduce among its members (a few flat buckets, :mod:`~ddpkit.parallel.ftbuckets`, not
-one per parameter), and a vote before the optimizer steps (a step whose exchange
-failed is dropped on every group, not half taken). A group that dies is left out of the
-next quorum (the lighthouse's heartbeat timeout) and the others go on at the smaller size,
-without a restart; a group started again joins the next quorum and heals first: it receives
-the run's whole state (models, optimizers, the step) from a live peer, then trains on.
+A step asks the lighthouse for the quorum (:meth:`GroupManager.start`), the dealer learns
+this group's place in it (:meth:`GroupManager.position`), and after backward the gradients
+are averaged over the groups in it, a few flat buckets at a time
+(:mod:`~ddpkit.faulttolerance.buckets`), before a vote: a step whose exchange failed
+anywhere is dropped everywhere. A group that joins a running job heals first: it receives
+the run's whole state from a live peer (:mod:`~ddpkit.faulttolerance.heal`).
 
-"Experimental" means: the options and lines may change, and CPU/gloo is what the tests
-run. The batches are dealt among the groups alive at each step by
-:class:`~ddpkit.parallel.replicabatches.ReplicaBatches`, so each sample is trained on once
-per epoch whichever groups come and go. ddpkit's checkpoints go on underneath, so losing
-every group resumes from the last one.
+Example::
 
-Example:
-    >>> FaultTolerantStrategy(group="0", lighthouse="http://10.0.0.1:29510")
-    FaultTolerantStrategy(group='0', lighthouse='http://10.0.0.1:29510')
+    manager = GroupManager("0", "http://10.0.0.1:29510", world, min_groups=1,
+                           timeout_s=30.0, retries=3, cap_bytes=25 << 20)
+    manager.attach(run); manager.start()
+    if manager.average_and_vote(model): optimizer.step()
 """
 
 from __future__ import annotations
 
 import os
 import weakref
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -34,19 +27,14 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
-from ddpkit._core.protocol import FT_GROUP_ENV
 from ddpkit.errors import ConfigError, RendezvousError
-from ddpkit.parallel.base import checked_options
-from ddpkit.parallel.ddp import DDPStrategy
-from ddpkit.parallel.ftbuckets import DEFAULT_CAP_MB, Buckets
-from ddpkit.parallel.ftmembers import Members
-from ddpkit.parallel.ftquorum import install as install_quorum_numbers
-from ddpkit.parallel.options import bounded
+from ddpkit.faulttolerance.buckets import Buckets
+from ddpkit.faulttolerance.members import Members
+from ddpkit.faulttolerance.quorum import install as install_quorum_numbers
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
 
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name for the lighthouse's address
 INSTALL = "pip install 'ddpkit[ft]' (torchft)"
 
 
@@ -62,7 +50,7 @@ class Restorable(Protocol):
 
 class Dealer(Protocol):
     """What deals the batches among the groups
-    (:class:`~ddpkit.parallel.replicabatches.ReplicaBatches`)."""
+    (:class:`~ddpkit.faulttolerance.batches.ReplicaBatches`)."""
 
     def loss_weight(self, participants: int) -> float: ...
 
@@ -73,123 +61,45 @@ class Dealer(Protocol):
     def load_state_dict(self, state: dict[str, int]) -> None: ...
 
 
-@checked_options
-@dataclass(frozen=True, repr=False, kw_only=True)
-class FaultTolerantStrategy(DDPStrategy):
-    """**Experimental.** DDP inside each replica group; across groups, gradients averaged
-    over the groups alive at each step by torchft, a failed group left out without a restart
-    and healed from a live peer when it comes back.
-
-    ``group``: this replica group's name (default ``DDPKIT_FT_GROUP``); ``lighthouse``:
-    the torchft lighthouse's address (default ``TORCHFT_LIGHTHOUSE``); ``min_groups``: the
-    fewest groups a step may be taken with; ``timeout_s``: how long one exchange may take;
-    ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage).
-    DDP's options are its own too (``bucket_cap_mb`` also sizes the buckets the gradients
-    cross between groups in, :mod:`~ddpkit.parallel.ftbuckets`). The groups start from
-    identical weights (seeded alike, as ``ddpkit.init(seed=...)`` does), which the first
-    step checks; a group that joins a running job receives the others' state instead.
-
-    Example:
-        >>> FaultTolerantStrategy(group="1", min_groups=1).uneven_batches
-        'join'
-    """
-
-    across_groups = True  # the loop refuses what one group cannot do alone
-    group: str | None = None
-    lighthouse: str | None = None
-    min_groups: int = bounded(1, least=1, means="groups")
-    timeout_s: float = bounded(30.0, above=0, means="seconds")
-    quorum_retries: int = bounded(3, least=0)
-
-    @property
-    def layout(self) -> str:
-        return f"replica group {self._group()} of a fault-tolerant job (experimental, torchft)"
-
-    def wrap(self, model: nn.Module, world: World) -> nn.Module:
-        wrapped = super().wrap(model, world)
-        wrapped.ddpkit_strategy = self  # type: ignore[assignment]  # a plain module too
-        wrapped.ddpkit_replicas = ReplicaGroups(self, world)  # type: ignore[assignment]
-        return wrapped
-
-    def _torch_options(self) -> dict[str, Any]:
-        ddp = set(DDPStrategy.fields())  # this strategy's own fields are not DDP's
-        return {k: v for k, v in super()._torch_options().items() if k in ddp}
-
-    def attach(self, model: nn.Module, run: Restorable) -> None:
-        replica_groups(model).attach(run)
-
-    def start_update(self, model: nn.Module) -> None:
-        replica_groups(model).start()
-
-    def loss_weight(self, model: nn.Module) -> float:
-        return replica_groups(model).loss_weight()
-
-    def finish_update(self, model: nn.Module) -> bool:
-        return replica_groups(model).average_and_vote(model)
-
-    def _group(self) -> str:
-        group = self.group if self.group is not None else os.environ.get(FT_GROUP_ENV)
-        if not group:
-            raise ConfigError(f"FaultTolerantStrategy needs its replica group: group='0', or "
-                              f"{FT_GROUP_ENV}=0 in each group's environment")  # fmt: skip
-        if not group.isdigit():  # torchft places a group's ranks by its number
-            raise ConfigError(f"a replica group is a number (0, 1, ...), not {group!r}: "
-                              f"group='1', or {FT_GROUP_ENV}=1")  # fmt: skip
-        return group
-
-
-def replica_groups(model: nn.Module) -> ReplicaGroups:
-    """The replica groups of a model :class:`FaultTolerantStrategy` wrapped.
-
-    Example::
-
-        replica_groups(model).position()   # this group's place in this step's quorum
-    """
-    from ddpkit.parallel.compiled import uncompiled
-
-    replicas = getattr(uncompiled(model), "ddpkit_replicas", None)
-    assert isinstance(replicas, ReplicaGroups), "a model FaultTolerantStrategy wrapped"
-    return replicas
-
-
-class ReplicaGroups:
+class GroupManager:
     """This group's torchft Manager: the quorum, the exchange and the vote of every step.
+    ``group`` and ``lighthouse`` as :class:`~ddpkit.faulttolerance.groups.ReplicaGroups`
+    resolved them; ``cap_bytes``: the largest bucket the gradients cross in.
 
     Example::
 
-        groups = ReplicaGroups(strategy, world); groups.attach(run); groups.start()
-        if groups.average_and_vote(model): optimizer.step()
+        manager = GroupManager("0", "http://h:29510", world, min_groups=1, timeout_s=30.0,
+                               retries=3, cap_bytes=25 << 20)
+        manager.attach(run); manager.start()
+        if manager.average_and_vote(model): optimizer.step()
     """
 
-    def __init__(self, strategy: FaultTolerantStrategy, world: World) -> None:
+    def __init__(
+        self, group: str, lighthouse: str, world: World, *, min_groups: int, timeout_s: float,
+        retries: int, cap_bytes: int,
+    ) -> None:  # fmt: skip
         torchft = import_torchft()
-        lighthouse = strategy.lighthouse or os.environ.get(LIGHTHOUSE_ENV)
-        if not lighthouse:
-            raise ConfigError(f"FaultTolerantStrategy needs the lighthouse's address: "
-                              f"lighthouse='http://HOST:PORT', or {LIGHTHOUSE_ENV} (ddpkit "
-                              "lighthouse starts one; ddpkit verify starts its own with "
-                              "--replica-groups G)")  # fmt: skip
-        self.group, self.lighthouse = strategy._group(), lighthouse
+        self.group, self.lighthouse = group, lighthouse
         self.rank, self.size = world.rank, world.world_size  # within the group
-        self.timeout_s, self.retries = strategy.timeout_s, strategy.quorum_retries
-        timeout = timedelta(seconds=strategy.timeout_s)
+        self.timeout_s, self.retries = timeout_s, retries
+        timeout = timedelta(seconds=timeout_s)
         pg = torchft.ProcessGroupGloo(timeout=timeout) if world.device.type == "cpu" else (
             torchft.ProcessGroupNCCL(timeout=timeout))  # fmt: skip
-        from ddpkit.parallel.ftheal import HealTransport
+        from ddpkit.faulttolerance.heal import HealTransport
 
         self.transport = HealTransport(timeout)
         self._store, store_addr, store_port = _group_store(world)
         try:
             self.manager = torchft.Manager(
-                pg=pg, load_state_dict=None, state_dict=None, min_replica_size=strategy.min_groups,
+                pg=pg, load_state_dict=None, state_dict=None, min_replica_size=min_groups,
                 checkpoint_transport=self.transport, store_addr=store_addr, store_port=store_port,
                 replica_id=f"ddpkit_group_{self.group}", lighthouse_addr=lighthouse,
                 rank=world.rank, world_size=world.world_size, timeout=timeout,
                 quorum_timeout=timeout, connect_timeout=timeout,
-                quorum_retries=strategy.quorum_retries, init_sync=False,
+                quorum_retries=retries, init_sync=False,
             )  # fmt: skip
         except RuntimeError as err:
-            said = f"within {strategy.timeout_s:g} s: {err}"
+            said = f"within {timeout_s:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from err  # fmt: skip
         # torchft's servers (the manager's, the heal transport's) stop when the process ends,
@@ -201,8 +111,7 @@ class ReplicaGroups:
         self._open = False  # a quorum asked for and not voted on yet
         self.votes = 0  # steps voted on so far (a dealer checks one batch a step)
         self.members = Members(int(self.group), world.device)
-        cap_mb = strategy.bucket_cap_mb if strategy.bucket_cap_mb is not None else DEFAULT_CAP_MB
-        self.buckets = Buckets(cap_bytes=int(cap_mb * 2**20))
+        self.buckets = Buckets(cap_bytes=cap_bytes)
         self._started = False  # whether the groups' start was checked
         self._last_step = 0
         self._dealer: Dealer | None = None
@@ -245,7 +154,7 @@ class ReplicaGroups:
                 f"replica group {self.group}: no quorum at the lighthouse {self.lighthouse} "
                 f"within {self.timeout_s:g} s, {self.retries} retries included ({err}); is the "
                 "lighthouse running? A longer outage needs a larger "
-                "FaultTolerantStrategy(timeout_s=...)"
+                "ReplicaGroups(timeout_s=...)"
             ) from err
         return None if rank is None else int(rank)
 
@@ -326,7 +235,7 @@ def _group_store(world: World) -> tuple[Any, str, int]:
     if addr and port:
         return None, addr, int(port)
     if world.world_size != 1:
-        raise ConfigError("FaultTolerantStrategy needs the group's store in MASTER_ADDR and "
+        raise ConfigError("a replica group of several processes needs its store in MASTER_ADDR and "
                           "MASTER_PORT: start each replica group with ddpkit run")  # fmt: skip
     from torch.distributed import TCPStore
 
@@ -334,7 +243,7 @@ def _group_store(world: World) -> tuple[Any, str, int]:
     return store, "127.0.0.1", store.port
 
 
-def import_torchft(who: str = "FaultTolerantStrategy") -> Any:
+def import_torchft(who: str = "ReplicaGroups") -> Any:
     """torchft, with its own log at warnings (else a line per quorum), or a ConfigError that
     says which extra to install.
 

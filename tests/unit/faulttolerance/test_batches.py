@@ -12,11 +12,13 @@ import torch
 from torch.utils.data import TensorDataset
 
 import ddpkit
+from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.faulttolerant import ReplicaGroups
-from ddpkit.parallel.ftbuckets import Buckets
-from ddpkit.parallel.ftmembers import Members
-from ddpkit.parallel.replicabatches import ReplicaBatches
+from ddpkit.faulttolerance.batches import ReplicaBatches
+from ddpkit.faulttolerance.buckets import Buckets
+from ddpkit.faulttolerance.groups import ReplicaGroups
+from ddpkit.faulttolerance.manager import GroupManager
+from ddpkit.faulttolerance.members import Members
 
 BATCHES = 10  # 40 samples in batches of 4
 
@@ -32,7 +34,7 @@ class Job:
 
 
 class FakeManager:
-    """What ReplicaGroups asks of torchft's Manager, answered from the job's script."""
+    """What GroupManager asks of torchft's Manager, answered from the job's script."""
 
     def __init__(self, job: Job, group: int) -> None:
         self.job, self.group = job, group
@@ -68,20 +70,27 @@ class FakeManager:
         return 0
 
 
+def world(rank: int = 0, size: int = 1) -> World:
+    return World(rank=rank, local_rank=rank, world_size=size, backend="gloo",
+                 device=torch.device("cpu"))  # fmt: skip
+
+
 def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, ReplicaGroups]:
     model = torch.nn.Linear(2, 1)
-    groups = object.__new__(ReplicaGroups)  # its torchft parts replaced by the fake
-    groups.manager, groups.group, groups._open = FakeManager(job, index), str(index), False
-    groups._last_step, groups._dealer = 0, None
-    groups.members = Members(index, torch.device("cpu"))
-    groups.buckets = Buckets(cap_bytes=2**20)
-    groups.rank, groups.size, groups._started, groups.votes = 0, 1, True, 0
-    groups._run = None
-    groups.timeout_s, groups.retries, groups.lighthouse = 1.0, 0, "http://h:1"
-    groups.transport = type("Transport", (), {"last_heal": None})()
-    model.ddpkit_replicas = groups  # type: ignore[assignment]
+    manager = object.__new__(GroupManager)  # its torchft parts replaced by the fake
+    manager.manager, manager.group, manager._open = FakeManager(job, index), str(index), False
+    manager._last_step, manager._dealer = 0, None
+    manager.members = Members(index, torch.device("cpu"))
+    manager.buckets = Buckets(cap_bytes=2**20)
+    manager.rank, manager.size, manager._started, manager.votes = 0, 1, True, 0
+    manager._run = None
+    manager.timeout_s, manager.retries, manager.lighthouse = 1.0, 0, "http://h:1"
+    manager.transport = type("Transport", (), {"last_heal": None})()
+    groups = ReplicaGroups(group=str(index), lighthouse="http://h:1")
+    groups._manager = manager  # as the loop's start would have made it
     data = TensorDataset(torch.arange(40.0).unsqueeze(1), torch.zeros(40))
-    return ReplicaBatches(model, data, batch_size=4, shuffle=False), model, groups
+    with patch("ddpkit.faulttolerance.batches.current_world", world):
+        return ReplicaBatches(groups, data, batch_size=4, shuffle=False), model, groups
 
 
 def step(job: Job, groups: dict[int, Any], iterators: dict[int, Any]) -> dict[int, Any]:
@@ -92,10 +101,10 @@ def step(job: Job, groups: dict[int, Any], iterators: dict[int, Any]) -> dict[in
         batches[g] = next(iterators[g], None)
     for g in job.members:
         _, model, replica = groups[g]
-        weight = replica.loss_weight()
+        weight = replica.loss_weight()  # as the loop asks, before backward and after
         model.weight.grad = torch.ones_like(model.weight) * weight
         model.bias.grad = torch.ones_like(model.bias) * weight
-        replica.average_and_vote(model)
+        replica.finish(model)
     return batches
 
 
@@ -144,11 +153,12 @@ def test_the_short_last_step_averages_over_the_slices_trained_not_every_group() 
 
 
 class Groups:
-    """A group's place as ReplicaBatches reads it: its rank in the group, the group's size,
-    and the group's position in the quorum."""
+    """A group's place as ReplicaBatches reads it: its rank in the group, the group's size
+    (the world), and the group's position in the quorum (its manager)."""
 
     def __init__(self, rank: int, size: int, position: int) -> None:
         self.rank, self.size, self._position, self.votes = rank, size, position, 0
+        self.manager = self
 
     def deal_with(self, dealer: Any) -> None: ...
 
@@ -160,8 +170,9 @@ class Groups:
 
 def first_batch(groups: Groups) -> list[int]:
     data = TensorDataset(torch.arange(40.0).unsqueeze(1))
-    with patch("ddpkit.parallel.replicabatches.replica_groups", lambda model: groups):
-        batches = ReplicaBatches(torch.nn.Linear(1, 1), data, batch_size=4, shuffle=False)
+    in_group = world(groups.rank, groups.size)
+    with patch("ddpkit.faulttolerance.batches.current_world", lambda: in_group):
+        batches = ReplicaBatches(groups, data, batch_size=4, shuffle=False)
     next(iter(batches))
     return batches.dealt
 
@@ -182,7 +193,7 @@ def test_verifys_reference_reads_what_every_rank_of_every_group_reads(monkeypatc
 
 def test_a_second_batch_before_the_steps_vote_is_refused_accumulation_would_repeat_it() -> None:
     batches, _, _ = group(Job(), 0)
-    batches.groups.manager.job.members = [0]
+    batches.groups.manager.manager.job.members = [0]
     iterator = iter(batches)
     next(iterator)
     with pytest.raises(ConfigError, match="accumulate=1"):

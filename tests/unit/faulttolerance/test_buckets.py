@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ddpkit.parallel.ftbuckets import Buckets
+from ddpkit.faulttolerance.buckets import Buckets
 
 
 class TwoGroups:

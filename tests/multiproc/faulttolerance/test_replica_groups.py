@@ -1,4 +1,4 @@
-"""**Experimental** FaultTolerantStrategy (torchft): two replica groups of one process each,
+"""**Experimental** ReplicaGroups (torchft): two replica groups of one process each,
 a lighthouse, one group killed with -9 mid-run. The other trains on without a restart (its
 step count never goes back), the killed one is started again and heals from it, every sample
 is trained on once per epoch whichever groups were alive (ReplicaBatches; read from the
@@ -252,7 +252,7 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
     import torch.distributed as dist
 
     from ddpkit.errors import RendezvousError
-    from ddpkit.parallel.faulttolerant import FaultTolerantStrategy, ReplicaGroups
+    from ddpkit.faulttolerance.manager import GroupManager
 
     server, address = start_lighthouse()
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -260,8 +260,8 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
     monkeypatch.setenv("MASTER_PORT", str(store.port))
     world = type("World", (), {"rank": 0, "world_size": 1, "device": torch.device("cpu")})()
-    strategy = FaultTolerantStrategy(group="0", lighthouse=address, timeout_s=2, quorum_retries=0)
-    groups = ReplicaGroups(strategy, world)
+    groups = GroupManager("0", address, world, min_groups=1, timeout_s=2, retries=0,
+                          cap_bytes=1 << 20)  # fmt: skip
     try:
         groups.start()
         assert groups.position() == 0 and groups.manager.should_commit()

@@ -8,7 +8,7 @@ loaded, and notes what it received: from which peer, over which local address an
 interface (a heal over the wrong interface cost torchft's users 800 s, torchft#329), how
 many bytes and how long.
 
-Imported only after :func:`~ddpkit.parallel.faulttolerant.import_torchft`, which says which
+Imported only after :func:`~ddpkit.faulttolerance.manager.import_torchft`, which says which
 extra to install where torchft is missing and quiets its log.
 
 Example::

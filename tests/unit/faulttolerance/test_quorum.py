@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ddpkit.parallel.ftquorum import QuorumNumbers, install
+from ddpkit.faulttolerance.quorum import QuorumNumbers, install
 
 
 @dataclass
