@@ -13,6 +13,8 @@ live peer. Needs ``pip install -e '.[ft]'``.
     DDPKIT_FT_GROUP=1 ddpkit run --nproc 1 examples/fault_tolerant.py   # a second group
 
     ddpkit verify examples/fault_tolerant.py --replica-groups 2 --workers 1 --steps 20
+    ddpkit verify examples/fault_tolerant.py --replica-groups 2 --workers 2 --steps 12 \
+        --strategy fsdp                                         # FSDP inside each group
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--min-groups", type=int, default=1, help="fewest groups a step needs")
     parser.add_argument("--checkpoint-dir", default=None, help="every group's own folder")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", default="ddp", choices=["ddp", "fsdp", "hsdp", "none"],
+                        help="what trains inside each group")  # fmt: skip
     return parser.parse_args()
 
 
@@ -42,7 +46,7 @@ def main() -> None:
     ddpkit.init(seed=args.seed)
     train_set, test_set = load_data()
     groups = ddpkit.ReplicaGroups(min_groups=args.min_groups)  # the group: DDPKIT_FT_GROUP
-    model = ddpkit.prepare_model(WineNet())  # DDP inside the group, as in any job
+    model = ddpkit.prepare_model(WineNet(), args.strategy)  # inside the group, as in any job
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     trainer = ddpkit.Trainer(model, optimizer, F.cross_entropy, checkpoint_dir=args.checkpoint_dir,
                              replica_groups=groups)  # fmt: skip

@@ -9,11 +9,13 @@ mid-run; the default), ``trainer`` (Trainer.fit, a per-step LR scheduler, no pau
 5 steps in OUT.ckpt, resumed from when started again). ``--drop-at K``: this group reports an
 error before the vote of its K-th update, which torchft then drops (give it to every group:
 the exchange failed everywhere). ``--min-groups G``: a step needs G groups. ``--timeout S``:
-how long an exchange or a quorum may take (default 10 s; ``patient``: 30). ``--hold FILE``:
+how long an exchange or a quorum may take (default 10 s; ``patient``: 30). ``--strategy S``:
+what trains inside the group (default ``ddp``; ``fsdp``: sharded over its ranks).
+``--start-after FILE``: train once FILE exists (its manager already started). ``--hold FILE``:
 once FILE holds a step number and this group has taken that many steps, it waits for
 FILE.go before going on (a test starts another group meanwhile, which this one must outlive).
 
-After each batch it prints ``step N torchft M``: the steps ddpkit and torchft count (equal
+After each batch its rank 0 prints ``step N torchft M``: the steps ddpkit and torchft count (equal
 unless a dropped step was counted). After each committed step it appends a line to
 OUT.trained.jsonl: the epoch, the step, the groups in it and the samples this rank trained
 (their dataset indices, which every batch carries: what was trained, not what the ledger
@@ -33,6 +35,7 @@ from torch.utils.data import TensorDataset
 
 import ddpkit
 from ddpkit.faulttolerance.batches import ReplicaBatches
+from ddpkit.parallel.strategy import strategy_of
 
 
 class Net(torch.nn.Module):
@@ -47,7 +50,9 @@ class Net(torch.nn.Module):
 class Witness(ddpkit.Callback):
     """What each committed step trained on this rank (appended to ``record``), and both step
     counts after each batch; at update ``drop_at``, an error reported to torchft before the
-    vote."""
+    vote. On every rank: each records its own samples, and each waits when held."""
+
+    rank_zero_only = False
 
     def __init__(self, groups: ddpkit.ReplicaGroups, batches: ReplicaBatches, drop_at: int | None,
                  record: str, hold: str | None) -> None:  # fmt: skip
@@ -66,10 +71,11 @@ class Witness(ddpkit.Callback):
         if trainer.step != self.before:  # committed (a filler batch trains nothing)
             samples = [] if self.batches.idle else sorted(batch[2].tolist())
             line = {"epoch": self.batches.epoch, "step": trainer.step, "samples": samples,
-                    "groups": manager.num_participants()}  # fmt: skip
+                    "groups": manager.num_participants(), "at": time.time()}  # fmt: skip
             self.record.write(json.dumps(line) + "\n")
             self.record.flush()
-        print(f"step {trainer.step} torchft {manager.current_step()}", flush=True)
+        if ddpkit.get_rank() == 0:  # one count a group
+            print(f"step {trainer.step} torchft {manager.current_step()}", flush=True)
         self._wait_if_held(trainer.step)
 
     def _wait_if_held(self, step: int) -> None:
@@ -78,6 +84,13 @@ class Witness(ddpkit.Callback):
         text = Path(self.hold).read_text().strip()
         while text and step >= int(text) and not os.path.exists(f"{self.hold}.go"):
             time.sleep(0.05)
+
+
+def wait_for(path: str | None) -> None:
+    """The groups started (torchft's manager of each at the lighthouse), none has trained:
+    a test makes them start together, so that neither ends before the other is there."""
+    while path and not os.path.exists(path):
+        time.sleep(0.05)
 
 
 def main() -> None:
@@ -90,12 +103,14 @@ def main() -> None:
     parser.add_argument("--min-groups", type=int, default=1)
     parser.add_argument("--hold", default=None)
     parser.add_argument("--timeout", type=float, default=None)
+    parser.add_argument("--strategy", default="ddp", help="what trains inside the group")
+    parser.add_argument("--start-after", default=None, help="train once this file exists")
     args = parser.parse_args()
     ddpkit.init(hang_timeout=0)
     torch.manual_seed(0)  # every group starts alike (checked); one joining later heals
     patience = args.timeout or (30 if args.face == "patient" else 10)  # an outage, a late group
     groups = ddpkit.ReplicaGroups(timeout_s=patience, min_groups=args.min_groups)
-    model = ddpkit.prepare_model(Net())
+    model = ddpkit.prepare_model(Net(), args.strategy)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)
     inputs = torch.randn(48, 16, generator=generator)
@@ -108,6 +123,7 @@ def main() -> None:
         trainer = ddpkit.Trainer(model, opt, training_step=lambda b: F.cross_entropy(
             model(b[0]), b[1]), scheduler=sched, callbacks=[witness],
             replica_groups=groups)  # fmt: skip
+        wait_for(args.start_after)
         trainer.fit(batches, epochs=args.epochs)
         trained_epochs = trainer.epoch
     else:
@@ -116,15 +132,18 @@ def main() -> None:
         loop = ddpkit.TrainLoop(state, args.out + ".ckpt" if resumable else None,
                                 save_every_steps=5 if resumable else None,
                                 callbacks=[witness], replica_groups=groups)  # fmt: skip
+        wait_for(args.start_after)
         for _ in loop.epochs(args.epochs):
             for x, y, _index in loop.batches(batches):
                 loop.backward(F.cross_entropy(model(x), y))
                 loop.optimizer_step()
                 time.sleep(0.1)
         trained_epochs = loop.run.epoch
-    torch.save(ddpkit.unwrap_model(model).state_dict(), args.out)
-    with open(args.out + ".json", "w") as record:
-        json.dump({"epochs": trained_epochs}, record)
+    weights = strategy_of(model).full_state(model)  # a collective where it is sharded
+    if ddpkit.get_rank() == 0:
+        torch.save(weights, args.out)
+        with open(args.out + ".json", "w") as record:
+            json.dump({"epochs": trained_epochs}, record)
 
 
 if __name__ == "__main__":

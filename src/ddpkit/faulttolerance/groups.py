@@ -161,15 +161,8 @@ class ReplicaGroups:
         """The loop starts: torchft's manager starts (once), with ``run`` as what a healing
         peer receives."""
         from ddpkit.faulttolerance.manager import GroupManager
-        from ddpkit.parallel.strategy import strategy_of
         from ddpkit.runtime.session import current_world
 
-        strategy = strategy_of(model)
-        if strategy.sharded:
-            raise ConfigError(
-                f"ReplicaGroups do not take a sharded model yet ({type(strategy).__name__}): "
-                "prepare it with strategy='ddp' inside each group"
-            )
         if self._manager is None:
             cap_mb = self.bucket_cap_mb if self.bucket_cap_mb is not None else DEFAULT_CAP_MB
             self._manager = GroupManager(

@@ -31,6 +31,7 @@ from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.faulttolerance.buckets import Buckets
 from ddpkit.faulttolerance.members import Members
 from ddpkit.faulttolerance.quorum import install as install_quorum_numbers
+from ddpkit.faulttolerance.shards import local, local_state, resharded
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -121,7 +122,11 @@ class GroupManager:
 
     def attach(self, run: Restorable) -> None:
         """A peer that heals from this group receives ``run`` whole (before any quorum)."""
-        self.manager.register_state_dict_fn("ddpkit", run.load_state_dict, run.state_dict)
+        # A sharded model's state crosses as each rank's own shards (faulttolerance/shards.py)
+        self.manager.register_state_dict_fn(
+            "ddpkit", lambda state: run.load_state_dict(resharded(state, run)),
+            lambda: local_state(run.state_dict()),
+        )  # fmt: skip
         self._run = run
 
     def deal_with(self, dealer: Dealer) -> None:
@@ -191,7 +196,7 @@ class GroupManager:
         self._started = True
         if self.manager.current_step() != 0 or self.position() is None:
             return  # joining a running job: it heals from a peer
-        sums = torch.stack([p.detach().double().sum() for p in model.parameters()])
+        sums = torch.stack([local(p.detach()).double().sum() for p in model.parameters()])
         pair = torch.cat([sums, sums * sums])
         self.manager.allreduce(pair).wait()
         mean, mean_square = pair.chunk(2)
@@ -221,11 +226,12 @@ def _shut_down(manager: Any) -> None:
 
 def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
     """Every parameter's gradient, a zero one where backward left none: each group must
-    all-reduce the same tensors in the same order."""
+    all-reduce the same tensors in the same order. A sharded model's: this rank's shard of
+    each (rank r of every group holds the same one)."""
     for param in model.parameters():
         if param.requires_grad and param.grad is None:
             param.grad = torch.zeros_like(param)
-    return [param.grad for param in model.parameters() if param.grad is not None]
+    return [local(param.grad) for param in model.parameters() if param.grad is not None]
 
 
 def _group_store(world: World) -> tuple[Any, str, int]:

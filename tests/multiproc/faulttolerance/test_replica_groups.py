@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -73,16 +74,18 @@ def lighthouse_of_two() -> Iterator[str]:
 
 
 class Group:
-    """One replica group: ``ddpkit run --nproc 1`` of the script, its output in a file."""
+    """One replica group: ``ddpkit run --nproc N`` of the script (1 process unless told;
+    ``restarts``: torch's agent restarts its processes that often), its output in a file."""
 
     def __init__(self, index: int, lighthouse: str, folder: Path, *face: str,
-                 epochs: int = EPOCHS) -> None:  # fmt: skip
+                 epochs: int = EPOCHS, nproc: int = 1, restarts: int = 0) -> None:  # fmt: skip
         self.index, self.out = index, folder / f"group{index}.pt"
         self.log = folder / f"group{index}-{time.monotonic_ns()}.log"
         env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
                "RUST_LOG": "warn"}  # fmt: skip
         script = [str(SCRIPTS / "replica_group.py"), str(self.out), str(epochs), *face]
-        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1", *script]
+        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", str(nproc),
+                   "--max-restarts", str(restarts), *script]  # fmt: skip
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -174,6 +177,46 @@ def test_a_killed_group_leaves_the_other_training_and_heals_when_back(
     # each epoch, whichever groups were alive (group 1's record lost at most its last step)
     assert json.loads(Path(f"{survivor.out}.json").read_text())["epochs"] == EPOCHS
     each_sample_once([survivor, back], range(EPOCHS), lost_in={killed_epoch: 4})
+
+
+@pytest.mark.timeout(420)  # its waits: 390 s at most
+def test_a_group_of_two_fsdp_processes_loses_one_and_heals_its_shards_from_a_peer(
+    lighthouse: str, tmp_path: Path
+) -> None:
+    """Groups of 2 processes, FSDP inside each: one process of group 1 killed with -9.
+    torch's agent restarts group 1's processes (--max-restarts 1), which start from nothing
+    and heal, each rank its own shards from the same rank of group 0, while group 0 trains
+    on; both end with identical weights and every sample once an epoch."""
+    hold = tmp_path / "hold"  # group 0 waits there until group 1 is back
+    # A killed process's peer in its group lives on (and its group looks alive to the
+    # lighthouse) until torch's agent stops it: the survivor waits up to 60 s for a quorum.
+    go = tmp_path / "go"  # both groups started: they train together from the first step
+    fsdp = ("--strategy", "fsdp", "--timeout", "60", "--start-after", str(go))
+    survivor = Group(0, lighthouse, tmp_path, "--hold", str(hold), *fsdp, nproc=2)
+    doomed = Group(1, lighthouse, tmp_path, *fsdp, nproc=2, restarts=1)
+    started = lambda g: "fault-tolerant across groups" in g.text()  # noqa: E731
+    wait_until(lambda: started(survivor) and started(doomed), 120, "both groups started")
+    go.touch()
+    wait_until(lambda: sum(line["groups"] == 2 for line in doomed.trained()) >= 6, 90,
+               "group 1 training beside group 0, a quorum of 2")  # fmt: skip
+    lives = doomed.text().count("fault-tolerant across groups")
+    os.kill(workers_of(doomed.process.pid)[-1], signal.SIGKILL)  # one process of the two
+    last_step = lambda g: max(line["step"] for line in g.trained())  # noqa: E731
+    killed_at, at_kill = time.time(), last_step(survivor)  # its record, not its lagging log
+    hold.write_text(str(at_kill + 6))
+    wait_until(lambda: last_step(survivor) >= at_kill + 6, 120, "group 0 training alone")
+    wait_until(lambda: doomed.text().count("fault-tolerant across groups") > lives, 90,
+               "group 1's processes started again by torch's agent")  # fmt: skip
+    Path(f"{hold}.go").touch()
+    survivor.finish(timeout=150)
+    doomed.finish(timeout=60)
+    steps = survivor.steps()
+    assert steps == sorted(steps), steps  # group 0 never went back
+    assert re.search(r"healed at step \d+ \(was at step 0\)", doomed.text()), doomed.text()[-3000:]
+    assert same_weights(survivor.weights(), doomed.weights())
+    steps_agree(survivor)
+    killed_epoch = [line["epoch"] for line in doomed.trained() if line["at"] <= killed_at][-1]
+    each_sample_once([survivor, doomed], range(EPOCHS), lost_in={killed_epoch: 8})
 
 
 @pytest.mark.timeout(330)  # its waits: 300 s at most
@@ -277,12 +320,16 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
         groups.manager.shutdown(wait=False)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_verify_finds_replica_groups_compute_what_one_process_computes(workers: int) -> None:
+@pytest.mark.parametrize(("workers", "inside"), [(1, "ddp"), (2, "ddp"), (2, "fsdp"), (2, "hsdp")])
+def test_verify_finds_replica_groups_compute_what_one_process_computes(
+    workers: int, inside: str
+) -> None:
     """No failure: G groups of N workers against one process, the epoch's short last step
-    (142 samples in batches of 8) included."""
+    (142 samples in batches of 8) included; DDP, FSDP or HSDP inside each group (the
+    sharded ones exchange each rank's shard with the same rank of the other group)."""
     command = [sys.executable, "-m", "ddpkit", "verify", "examples/fault_tolerant.py",
-               "--replica-groups", "2", "--workers", str(workers), "--steps", "12"]  # fmt: skip
+               "--replica-groups", "2", "--workers", str(workers), "--steps", "12",
+               "--strategy", inside]  # fmt: skip
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"PASS: 2 replica groups of {workers} worker" in done.stdout

@@ -133,8 +133,8 @@ def test_groups_that_start_from_other_weights_are_refused_at_the_first_step() ->
 
 
 def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
-    """Skipping a NaN step (the other groups would take it), a sharded model (its gradients
-    are shards, not yet exchanged between groups), and something else given as the groups."""
+    """Skipping a NaN step (the other groups would take it), and something else given as
+    the groups."""
     model = torch.nn.Linear(1, 1)
     ddpkit.init()
     try:
@@ -145,10 +145,6 @@ def test_what_one_group_cannot_do_alone_is_refused_before_training() -> None:
         with pytest.raises(ConfigError, match=r"replica_groups takes a ddpkit.ReplicaGroups"):
             ddpkit.TrainLoop({"model": model, "optimizer": optimizer},
                              replica_groups="0")  # type: ignore[typeddict-item]  # fmt: skip
-        sharded = patch("ddpkit.parallel.strategy.strategy_of",
-                        lambda m: ddpkit.FSDPStrategy())  # fmt: skip
-        with sharded, pytest.raises(ConfigError, match="do not take a sharded model yet"):
-            ReplicaGroups(group="0", lighthouse="http://h:1").attach(Run(), model)
     finally:
         ddpkit.shutdown()
 
