@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -39,6 +40,16 @@ _SET_BY_LIBRARIES = {
 }
 # mlflow's telemetry would reach for the network from a thread; the tests have none.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+# `make test` started in the background (`nohup make test &`) inherits SIGHUP, SIGINT and
+# SIGQUIT ignored, and every process the tests start would too: a worker's Ctrl-C raises
+# nothing, a child stops on no SIGHUP (ddpkit keeps an inherited SIG_IGN, as a fresh
+# interpreter does). The tests are of ddpkit, not of how they were started: defaults back.
+for _name in ("SIGHUP", "SIGQUIT"):
+    if signal.getsignal(getattr(signal, _name)) == signal.SIG_IGN:
+        signal.signal(getattr(signal, _name), signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
