@@ -18,6 +18,17 @@ part training again.
 
 ``--steady``: no failure, what a step costs with replica groups against the same job as
 one ``ddpkit run --nproc 2``, as a ratio (median of --repeat alternating runs).
+
+``--efficiency``: failures at a steady rate, as torchft's blog measures them: over a window
+of WINDOW seconds, no failure, one every 20 s and one every 5 s (a real job's every 60 s and
+every 15 s, scaled by 1/3: the window is 60 s, not hours), for replica groups (group 1
+killed with -9 and started again at once) and for the exact restart (rank 1 killed, torch's
+agent restarts both, each resumes from the last checkpoint, saved every SAVE_EVERY steps in
+the background). Training efficiency: the batches committed steps trained in the window,
+against the plain job's with no failure; step efficiency: those batches against the
+batches computed (the rest was dropped or done again).
+
+    GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/ft_recovery.py --efficiency
 """
 
 from __future__ import annotations
@@ -42,7 +53,9 @@ REPO = Path(__file__).resolve().parent.parent
 JOB = str(REPO / "benchmarks" / "ft_recovery_job.py")
 KILL_AT, SAVE, EPOCHS = 30, 20, 6  # 24 batches an epoch
 # "[rank0] ..." or, the same line from several ranks merged, "[ranks 0-1] ..."
-LINE = re.compile(r"\[ranks? ?(\d)(?:-(\d))?\] step (\d+) committed (\d+) at ([\d.]+)")
+LINE = re.compile(
+    r"\[ranks? ?(\d)(?:-(\d))?\] step (\d+) committed (\d+) batches (\d+) at ([\d.]+)"
+)
 
 
 class Process:
@@ -62,8 +75,15 @@ class Process:
 
     def steps(self, rank: int = 0) -> list[tuple[int, int, float]]:
         found = [LINE.search(line) for _, line in list(self.lines)]
-        return [(int(m[3]), int(m[4]), float(m[5])) for m in found
+        return [(int(m[3]), int(m[4]), float(m[6])) for m in found
                 if m and int(m[1]) <= rank <= int(m[2] or m[1])]  # fmt: skip
+
+    def batches(self, until: float) -> tuple[int, int]:
+        """Up to the moment ``until``: the batches committed steps trained (the latest
+        count), and the batches computed (a line a batch of rank 0's)."""
+        found = [m for m in (LINE.search(line) for _, line in list(self.lines)) if m]
+        before = [m for m in found if float(m[6]) <= until and int(m[1]) == 0]
+        return (int(before[-1][5]) if before else 0), len(before)
 
     def wait_for(self, condition, timeout: float = 120) -> None:  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout
@@ -181,6 +201,83 @@ def exact_restart(folder: Path) -> dict[str, float]:
     }
 
 
+WINDOW, SAVE_EVERY = 60.0, 10
+RATES = {"no failure": 0.0, "one every 20 s": 20.0, "one every 5 s": 5.0}
+
+
+def efficiency_of_groups(every: float) -> tuple[int, int]:
+    """Replica groups over the window, group 1 killed every ``every`` seconds (0: never)
+    and started again at once: (batches committed, batches computed)."""
+    env = {**os.environ, "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
+    lighthouse = Process(
+        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-ms", "1000"), env
+    )
+    lighthouse.wait_for(lambda: any("TORCHFT_LIGHTHOUSE=" in line for _, line in lighthouse.lines))
+    said = next(line for _, line in lighthouse.lines if "TORCHFT_LIGHTHOUSE=" in line)
+    env["TORCHFT_LIGHTHOUSE"] = re.search(r"TORCHFT_LIGHTHOUSE=(\S+);", said)[1]  # type: ignore[index]
+    command = ddpkit("run", "--nproc", "1", JOB, "ft", "100000")
+    survivor = Process(command, {**env, "DDPKIT_FT_GROUP": "0"})
+    group1 = [Process(command, {**env, "DDPKIT_FT_GROUP": "1"})]
+    for part in (survivor, group1[0]):
+        part.wait_for(lambda part=part: bool(part.steps()))
+    start = time.time()
+    while time.time() < start + WINDOW:
+        if every and time.time() >= start + every * len(group1):
+            kill_9(group1[-1])
+            group1.append(Process(command, {**env, "DDPKIT_FT_GROUP": "1"}))
+        time.sleep(0.02)
+    end = start + WINDOW
+    committed = survivor.batches(end)[0] - survivor.batches(start)[0]
+    computed = sum(p.batches(end)[1] - p.batches(start)[1] for p in (survivor, *group1))
+    for part in (survivor, *group1):
+        kill_9(part)
+    lighthouse.process.terminate()
+    lighthouse.process.wait(timeout=30)
+    return committed, computed
+
+
+def efficiency_of_restarts(every: float, folder: Path, save: bool = True) -> tuple[int, int]:
+    """The exact restart over the window, rank 1 killed every ``every`` seconds (0: never);
+    ``save=False``: the plain job, no checkpoint. (batches committed, batches computed)."""
+    args = [str(folder), str(SAVE_EVERY), "async"] if save else [str(folder), "1000000"]
+    job = Process(ddpkit("run", "--nproc", "2", "--max-restarts", "100", JOB, "restart",
+                         "100000", *args), dict(os.environ))  # fmt: skip
+    job.wait_for(lambda: bool(job.steps()))
+    start, kills = time.time(), 0
+    while time.time() < start + WINDOW:
+        if every and time.time() >= start + every * (kills + 1):
+            with contextlib.suppress(SystemExit, ProcessLookupError):  # mid-restart: next
+                kill_9(job, _rank_pid(job, 1))
+                kills += 1
+        time.sleep(0.02)
+    end = start + WINDOW
+    committed = job.batches(end)[0] - job.batches(start)[0]
+    computed = 2 * (job.batches(end)[1] - job.batches(start)[1])  # both ranks compute
+    kill_9(job)
+    return committed, computed
+
+
+def print_efficiency() -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        plain, _ = efficiency_of_restarts(0.0, Path(folder), save=False)
+    print(f"plain DDP, no failure, no checkpoint: {plain} batches in {WINDOW:g} s", flush=True)
+    rows = []
+    for name, every in RATES.items():
+        groups = efficiency_of_groups(every)
+        with tempfile.TemporaryDirectory() as folder:
+            restart = efficiency_of_restarts(every, Path(folder))
+        rows.append((name, groups, restart))
+        print(name, {"replica groups": groups, "exact restart": restart}, flush=True)
+    print(f"\na window of {WINDOW:g} s on 2 CPU cores; batches of 4 samples committed "
+          f"(plain DDP with no failure: {plain}); exact restart: async checkpoints every "
+          f"{SAVE_EVERY} steps\n")  # fmt: skip
+    print("| failures | replica groups: training / step efficiency | exact restart: training "
+          "/ step efficiency |\n|---|---|---|")  # fmt: skip
+    for name, (g_done, g_work), (r_done, r_work) in rows:
+        print(f"| {name} | {g_done / plain:.1%} / {g_done / max(g_work, 1):.1%} | "
+              f"{r_done / plain:.1%} / {r_done / max(r_work, 1):.1%} |")  # fmt: skip
+
+
 def _rank_pid(job: Process, rank: int) -> int:
     for pid in _descendants(job.process.pid):
         try:
@@ -203,9 +300,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--steady", action="store_true",
                         help="no failure: a step's cost with replica groups, a ratio")  # fmt: skip
+    parser.add_argument("--efficiency", action="store_true",
+                        help="failures at a steady rate: training and step efficiency")  # fmt: skip
     args = parser.parse_args()
     if args.steady:
         return print_steady(args.repeat)
+    if args.efficiency:
+        return print_efficiency()
     runs: dict[str, list[dict[str, float]]] = {"ft": [], "restart": []}
     for _ in range(args.repeat):
         runs["ft"].append(fault_tolerant())

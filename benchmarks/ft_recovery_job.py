@@ -1,9 +1,10 @@
 """The job benchmarks/ft_recovery.py kills: a small model trained one batch a step, with a
 pause a step (so that steps take about as long on both sides), printing ``step N committed C
-at T`` (C: the steps every group committed; without replica groups, N).
+batches B at T`` (C: the steps every group committed, without replica groups N; B: the
+batches of 4 samples those committed steps trained, every rank's and every group's).
 
     python ft_recovery_job.py ft EPOCHS         # a replica group (ddpkit.ReplicaGroups)
-    python ft_recovery_job.py restart EPOCHS CHECKPOINT_DIR SAVE_EVERY_STEPS   # plain DDP
+    python ft_recovery_job.py restart EPOCHS CHECKPOINT_DIR SAVE_EVERY_STEPS [async]   # DDP
 """
 
 import sys
@@ -37,15 +38,21 @@ def main() -> None:
         batches, options = groups.batches(data, batch_size=4, seed=0), {"replica_groups": groups}
     else:
         batches = ddpkit.prepare_loader(data, batch_size=4, shuffle=True)
-        options = {"checkpoint_dir": sys.argv[3], "save_every_steps": int(sys.argv[4])}
+        options = {"checkpoint_dir": sys.argv[3], "save_every_steps": int(sys.argv[4]),
+                   "async_save": sys.argv[5:] == ["async"]}  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, **options)
     for _ in loop.epochs(epochs):
         for x, y in loop.batches(batches):
             loop.backward(F.cross_entropy(model(x), y))
             loop.optimizer_step()
-            done = groups.manager.manager.current_step() if groups else loop.run.step
-            print(f"step {loop.run.step} committed {done} at {time.time():.3f}", flush=True)
+            if groups is not None:  # the slices of the steps every group committed
+                done = groups.manager.manager.current_step()
+                trained = sum(len(slices) for _, slices in batches.record)
+            else:
+                done, trained = loop.run.step, loop.run.step * ddpkit.current_world().world_size
+            print(f"step {loop.run.step} committed {done} batches {trained} at {time.time():.3f}",
+                  flush=True)  # fmt: skip
             time.sleep(0.1)
 
 
