@@ -75,6 +75,7 @@ SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its res
 CHECKPOINT_DIR_ENV = "DDPKIT_CHECKPOINT_DIR"  # a command's scratch folder for the checkpoints
 LOG_DIR_ENV = "DDPKIT_LOG_DIR"  # ... and for the experiment logs
 FT_GROUP_ENV = "DDPKIT_FT_GROUP"  # this process's replica group (ReplicaGroups)
+LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name: where the replica groups meet
 CLOCK_SKEW_ENV = "DDPKIT_TEST_CLOCK_SKEW_MS"  # tests only: this process's clock runs ahead
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # torch elastic's: this worker's error file
 _KIND = "ddpkit_kind"  # the record's RecordKind, in the error file's extraInfo

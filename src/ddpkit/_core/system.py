@@ -13,6 +13,7 @@ import struct
 import sys
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 _SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's IPv4 address
 
@@ -135,6 +136,51 @@ def interface_ipv4(name: str) -> str | None:
         except OSError:  # the interface has no IPv4 address (or vanished)
             return None
     return socket.inet_ntoa(reply[20:24])
+
+
+def listening_socket(host: str) -> tuple[int, int]:
+    """A TCP socket listening on ``host`` alone, on a port the OS picks at bind time (no
+    find-then-bind race): its file descriptor, for ``TCPStore(master_listen_fd=...)``, which
+    would otherwise listen on every interface, and its port.
+
+    Example:
+        >>> fd, port = listening_socket("127.0.0.1"); os.close(fd); port > 0
+        True
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    port = int(sock.getsockname()[1])
+    return sock.detach(), port
+
+
+def host_of(address: str) -> str:
+    """The host part of a server's address, ``http://HOST:PORT`` or ``HOST:PORT``.
+
+    Example:
+        >>> host_of("http://10.0.0.9:29510"), host_of("beacon:29510")
+        ('10.0.0.9', 'beacon')
+    """
+    return urlsplit(address if "://" in address else f"http://{address}").hostname or ""
+
+
+def interface_toward(address: str) -> str | None:
+    """The interface this machine reaches the server at ``address`` (``http://HOST:PORT`` or
+    ``HOST:PORT``) over; None where that is loopback, or no address, or the kernel will not
+    say.
+
+    Example:
+        >>> interface_toward("http://127.0.0.1:29510") is None
+        True
+    """
+    if not address:
+        return None
+    local, interface = route_to(host_of(address))
+    return None if local == "?" or local.startswith("127.") else interface
 
 
 def route_to(host: str) -> tuple[str, str | None]:

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpkit._core.protocol import FT_GROUP_ENV
+from ddpkit._core.protocol import FT_GROUP_ENV, LIGHTHOUSE_ENV
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import checked_options, option_text
 from ddpkit.parallel.options import bounded
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ddpkit.faulttolerance.batches import ReplicaBatches
     from ddpkit.faulttolerance.manager import Dealer, GroupManager, Restorable
 
-LIGHTHOUSE_ENV = "TORCHFT_LIGHTHOUSE"  # torchft's own name for the lighthouse's address
 DEFAULT_CAP_MB = 25.0  # DDP's own default bucket size
 
 

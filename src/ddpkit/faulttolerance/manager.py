@@ -29,6 +29,7 @@ from torch import nn
 from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError, RendezvousError
 from ddpkit.faulttolerance.buckets import Buckets
+from ddpkit.faulttolerance.exchange import check_gloo_interface, exchange_store, meeting_address
 from ddpkit.faulttolerance.members import Members
 from ddpkit.faulttolerance.quorum import install as install_quorum_numbers
 from ddpkit.faulttolerance.shards import local, local_state, resharded
@@ -89,11 +90,15 @@ class GroupManager:
         from ddpkit.faulttolerance.heal import HealTransport
 
         self.transport = HealTransport(timeout)
-        self._store, store_addr, store_port = _group_store(world)
+        # Where the groups meet: an address the others reach, not the group's own store
+        address = meeting_address(lighthouse)
+        if world.device.type == "cpu":
+            check_gloo_interface(lighthouse, address)
+        self._store, store_port = exchange_store(world, address, timeout)
         try:
             self.manager = torchft.Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=min_groups,
-                checkpoint_transport=self.transport, store_addr=store_addr, store_port=store_port,
+                checkpoint_transport=self.transport, store_addr=address, store_port=store_port,
                 replica_id=f"ddpkit_group_{self.group}", lighthouse_addr=lighthouse,
                 rank=world.rank, world_size=world.world_size, timeout=timeout,
                 quorum_timeout=timeout, connect_timeout=timeout,
@@ -232,21 +237,6 @@ def _with_gradients(model: nn.Module) -> list[torch.Tensor]:
         if param.requires_grad and param.grad is None:
             param.grad = torch.zeros_like(param)
     return [local(param.grad) for param in model.parameters() if param.grad is not None]
-
-
-def _group_store(world: World) -> tuple[Any, str, int]:
-    """Where the group's ranks meet torchft's manager: ``ddpkit run``'s store, or for a
-    process started alone one of its own on loopback (kept alive with the group)."""
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if addr and port:
-        return None, addr, int(port)
-    if world.world_size != 1:
-        raise ConfigError("a replica group of several processes needs its store in MASTER_ADDR and "
-                          "MASTER_PORT: start each replica group with ddpkit run")  # fmt: skip
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    return store, "127.0.0.1", store.port
 
 
 def import_torchft(who: str = "ReplicaGroups") -> Any:

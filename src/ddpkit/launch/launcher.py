@@ -50,7 +50,7 @@ from ddpkit._core.protocol import (
     STOP_SIGNALS,
     RecordKind,
 )
-from ddpkit._core.system import listening_pid, loopback_interface, threads_per_worker
+from ddpkit._core.system import listening_pid
 from ddpkit._core.torchversion import torch_at_least
 from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.errors import (
@@ -68,6 +68,7 @@ from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
 from ddpkit.launch.scratch import launch_folder
+from ddpkit.launch.workerenv import worker_env_defaults
 
 
 def spawn(
@@ -249,30 +250,6 @@ def _signal_outcome(signum: signal.Signals, log_dir: str) -> DdpkitError:
             "again to resume from the last checkpoint"
         )
     return PreemptedError(f"stopped by {signum.name} while starting; run it again")
-
-
-def worker_env_defaults(plan: LaunchPlan) -> dict[str, str]:
-    """Environment defaults for this node's workers; variables the user already set are kept.
-
-    OMP_NUM_THREADS splits the cores between workers (oversubscribed threads make CPU
-    training slower, not faster); on a one-node job GLOO_SOCKET_IFNAME keeps gloo's traffic
-    on loopback. Under dynamic rendezvous each round of workers gets a store of its own
-    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, read by torch's rendezvous in this process): the
-    store shared across rounds keeps the previous round's keys, and after a host leaves or
-    joins, a worker could read its peer's old address and fail to connect (pytorch#135712).
-
-    Example:
-        >>> defaults = worker_env_defaults(LaunchPlan(nproc=2))
-        >>> "OMP_NUM_THREADS" in defaults or "OMP_NUM_THREADS" in os.environ
-        True
-    """
-    defaults = {"OMP_NUM_THREADS": str(threads_per_worker(plan.nproc))}
-    loopback = loopback_interface()
-    if loopback is not None and plan.mode == "local":
-        defaults["GLOO_SOCKET_IFNAME"] = loopback
-    if plan.mode == "dynamic":
-        defaults["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    return {k: v for k, v in defaults.items() if k not in os.environ}
 
 
 def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import socket
 from datetime import timedelta
 
 from torch.distributed import PrefixStore, TCPStore
@@ -28,6 +27,7 @@ from torch.distributed.elastic.rendezvous import (
     rendezvous_handler_registry,
 )
 
+from ddpkit._core.system import listening_socket
 from ddpkit._core.torchversion import torch_at_least
 
 BACKEND = "ddpkit-loopback"
@@ -57,13 +57,10 @@ class LoopbackRendezvous(RendezvousHandler):
         return True  # workers connect to this store (MASTER_ADDR/MASTER_PORT) as clients
 
     def next_rendezvous(self) -> RendezvousInfo:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind((LOOPBACK, 0))
-        sock.listen()
-        port = int(sock.getsockname()[1])
+        listening, port = listening_socket(LOOPBACK)
         self._store = TCPStore(
             LOOPBACK, port, None, True, self._timeout,
-            wait_for_workers=False, multi_tenant=True, master_listen_fd=sock.detach(),
+            wait_for_workers=False, multi_tenant=True, master_listen_fd=listening,
             **_LIBUV_OPTION,
         )  # fmt: skip
         return RendezvousInfo(

@@ -14,45 +14,35 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 from ddpkit._core.system import route_to
 from helpers.jobs import kill_9, wait_until, workers_of
-from helpers.launch_helpers import REPO, SCRIPTS
+from helpers.launch_helpers import REPO
+from helpers.replica_groups import (
+    EPOCHS,
+    Group,
+    each_sample_once,
+    same_weights,
+    start_lighthouse,
+    steps_agree,
+    unrecorded,
+)
 
 torchft = pytest.importorskip("torchft", reason="pip install 'ddpkit[ft]'")
 # Each test's timeout is over the sum of its own waits (a slow machine fails a wait, with the
 # group's output, before pytest-timeout cuts it short without it).
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(360)]
 
-EPOCHS, SAMPLES = 20, 48  # replica_group.py's: 48 samples in batches of 4; 240 steps alone
 SHORT = 5  # epochs of the runs compared with a reference run (6 steps each with 2 groups)
 # Runs whose every step needs both groups: the lighthouse forms no quorum of one, and a
 # group waits up to a minute for the other to start (seconds apart on a loaded machine).
 BOTH = ["--min-groups", "2", "--timeout", "60"]
-
-
-def start_lighthouse(port: int = 0, min_groups: int = 1) -> tuple[subprocess.Popen[str], str]:
-    """``ddpkit lighthouse`` on ``port`` (0: a free one), a heartbeat timeout of 1 s; the
-    server and its address. ``min_groups=2``: no quorum until both groups are there (on a
-    loaded machine one group can start seconds after the other: a quorum of the first one
-    alone would leave it waiting in an exchange the second never joins)."""
-    command = [sys.executable, "-m", "ddpkit", "lighthouse", "--bind", f"127.0.0.1:{port}",
-               "--heartbeat-ms", "1000", "--min-groups", str(min_groups)]  # fmt: skip
-    server = subprocess.Popen(command, cwd=REPO, text=True, stderr=subprocess.PIPE)
-    assert server.stderr is not None
-    said = next(line for line in server.stderr if "lighthouse at " in line)
-    address = re.search(r"TORCHFT_LIGHTHOUSE=(\S+);", said)
-    assert address, said
-    threading.Thread(target=server.stderr.read, daemon=True).start()  # never a full pipe
-    return server, address[1]
 
 
 @pytest.fixture
@@ -71,88 +61,6 @@ def lighthouse_of_two() -> Iterator[str]:
     yield address
     server.terminate()
     assert server.wait(timeout=30) == 0
-
-
-class Group:
-    """One replica group: ``ddpkit run --nproc N`` of the script (1 process unless told;
-    ``restarts``: torch's agent restarts its processes that often), its output in a file."""
-
-    def __init__(self, index: int, lighthouse: str, folder: Path, *face: str,
-                 epochs: int = EPOCHS, nproc: int = 1, restarts: int = 0) -> None:  # fmt: skip
-        self.index, self.out = index, folder / f"group{index}.pt"
-        self.log = folder / f"group{index}-{time.monotonic_ns()}.log"
-        env = {**os.environ, "DDPKIT_FT_GROUP": str(index), "TORCHFT_LIGHTHOUSE": lighthouse,
-               "RUST_LOG": "warn"}  # fmt: skip
-        script = [str(SCRIPTS / "replica_group.py"), str(self.out), str(epochs), *face]
-        command = [sys.executable, "-m", "ddpkit", "run", "--nproc", str(nproc),
-                   "--max-restarts", str(restarts), *script]  # fmt: skip
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def counts(self) -> list[tuple[int, int]]:
-        """(ddpkit's step, torchft's step) after each batch."""
-        found = re.findall(r"\] step (\d+) torchft (\d+)$", self.text(), re.M)
-        return [(int(mine), int(theirs)) for mine, theirs in found]
-
-    def steps(self) -> list[int]:
-        return [mine for mine, _ in self.counts()]
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def trained(self) -> list[dict[str, Any]]:
-        """Each committed step's line: epoch, step, groups in it, the samples trained here."""
-        path = Path(f"{self.out}.trained.jsonl")
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return torch.load(self.out, weights_only=True)
-
-    def finish(self, timeout: float) -> None:
-        assert self.process.wait(timeout=timeout) == 0, self.text()[-3000:]
-
-
-def each_sample_once(groups: list[Group], epochs: range, lost_in: dict[int, int]) -> None:
-    """Every epoch's samples trained by the groups' committed steps together: none twice,
-    none left out; ``lost_in``: epochs where a group killed between a committed step and its
-    record may have left up to that many samples unrecorded."""
-    for epoch in epochs:
-        trained = [s for g in groups for line in g.trained() if line["epoch"] == epoch
-                   for s in line["samples"]]  # fmt: skip
-        twice = sorted(s for s in set(trained) if trained.count(s) > 1)
-        missing = sorted(set(range(SAMPLES)) - set(trained))
-        assert not twice, (epoch, twice)
-        assert len(missing) <= lost_in.get(epoch, 0), (epoch, missing)
-
-
-def unrecorded(survivor: Group, doomed: Group, nproc: int = 1) -> dict[int, int]:
-    """Epochs where ``doomed`` may have left samples unrecorded, and how many: each step that
-    ``survivor`` took with both groups and ``doomed`` recorded on fewer than its ``nproc``
-    ranks (killed between the step's commit and its record; the step can be the first of
-    the next epoch, so it is read from the survivor's record, not guessed from doomed's)."""
-    lines: dict[int, int] = {}
-    for line in doomed.trained():
-        lines[line["step"]] = lines.get(line["step"], 0) + 1
-    lost = {line["step"]: line["epoch"] for line in survivor.trained()
-            if line["groups"] == 2 and lines.get(line["step"], 0) < nproc}  # fmt: skip
-    assert len(lost) <= 1, lost  # a kill loses at most the record of the step it cut
-    return {epoch: 4 * nproc for epoch in lost.values()}  # batches of 4 on each rank
-
-
-def same_weights(*runs: dict[str, torch.Tensor]) -> bool:
-    first = runs[0]
-    return all(r.keys() == first.keys() and all(torch.equal(r[k], first[k]) for k in first)
-               for r in runs[1:])  # fmt: skip
-
-
-def steps_agree(group: Group) -> None:
-    """ddpkit's step and torchft's step, equal after every batch: a dropped step counted by
-    one and not the other would make a resumed group look ahead of its live peers."""
-    counts = group.counts()
-    assert counts and all(mine == theirs for mine, theirs in counts), counts
 
 
 @pytest.mark.timeout(420)  # its waits: 370 s at most

@@ -24,8 +24,7 @@ from typing import Any
 
 import torch
 
-from ddpkit._core.protocol import FT_GROUP_ENV
-from ddpkit.faulttolerance.groups import LIGHTHOUSE_ENV
+from ddpkit._core.protocol import FT_GROUP_ENV, LIGHTHOUSE_ENV
 from ddpkit.faulttolerance.manager import import_torchft
 from ddpkit.tools.verify.report import Finding
 
