@@ -37,7 +37,7 @@ import torch
 from torch.utils.data import default_collate
 
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.session import current_world, reference_world_size
+from ddpkit.runtime.session import current_world, reference_dealing, reference_world_size
 
 if TYPE_CHECKING:
     from ddpkit.faulttolerance.manager import Dealer, GroupManager
@@ -79,6 +79,8 @@ class ReplicaBatches:
         # A group's slices a step: one a rank, or all the ranks' verify's reference stands for
         self.span = reference_world_size() or self.size
         self.per_rank = self.span // self.size
+        # verify's reference for a run with a failure: each step's slices, as the groups had
+        self.dealing = reference_dealing() if reference_world_size() else []
         self.batch_size = batch_size * self.per_rank  # one rank's batch, as loaders say
         self.epoch, self.cursor = 0, 0
         self.record: list[tuple[int, list[int]]] = []
@@ -133,13 +135,13 @@ class ReplicaBatches:
         slice; 1 unless the epoch's end leaves ranks without a slice or a short one."""
         if not self._mine:
             return 0.0
-        end = min(self.cursor + participants * self.span, self.slices)
+        end = min(self.cursor + participants * self._span_now(), self.slices)
         step_samples = sum(len(self._indices(s)) for s in range(self.cursor, end))
         return participants * self.size * len(self.dealt) / step_samples
 
     def committed(self, participants: int) -> None:
         """After a step every group committed: its slices are done; the cursor moves on."""
-        step = participants * self.span
+        step = participants * self._span_now()
         self.record.append((self.epoch, list(range(self.cursor, min(self.cursor + step,
                                                                     self.slices)))))  # fmt: skip
         self.cursor += step
@@ -165,8 +167,16 @@ class ReplicaBatches:
     def _slices_at(self, position: int | None) -> list[int]:
         if position is None:  # healing: it only receives this step
             return []
-        first = self.cursor + position * self.span + self.rank * self.per_rank
-        return [s for s in range(first, first + self.per_rank) if s < self.slices]
+        span = self._span_now()
+        per_rank = span // self.size
+        first = self.cursor + position * span + self.rank * per_rank
+        return [s for s in range(first, first + per_rank) if s < self.slices]
+
+    def _span_now(self) -> int:
+        """A group's slices at this step: one a rank, or in verify's reference the slices the
+        groups trained at this step (fewer where a group was missing or healing)."""
+        steps = len(self.record)
+        return self.dealing[steps] if steps < len(self.dealing) else self.span
 
     def _batch(self, slices: list[int]) -> Any:
         self.dealt = [index for s in slices for index in self._indices(s)]

@@ -24,14 +24,18 @@ _VERDICT_LINES = 30
 _HAS_PROCESS_GROUPS = hasattr(os, "killpg")
 
 
-def ddpkit_run_command(nproc: int, script: str, args: list[str]) -> list[str]:
-    """The command line of ``ddpkit run --nproc N SCRIPT ARGS`` with this Python.
+def ddpkit_run_command(nproc: int, script: str, args: list[str], *, restarts: int = 0) -> list[str]:
+    """The command line of ``ddpkit run --nproc N SCRIPT ARGS`` with this Python
+    (``restarts``: ``--max-restarts``, torch's agent restarting the workers that often).
 
     Example:
         >>> ddpkit_run_command(1, "t.py", [])[-3:]
         ['--nproc', '1', 't.py']
+        >>> ddpkit_run_command(1, "t.py", [], restarts=1)[-5:-1]
+        ['--nproc', '1', '--max-restarts', '1']
     """
-    return [sys.executable, "-m", "ddpkit", "run", "--nproc", str(nproc), script, *args]
+    again = ["--max-restarts", str(restarts)] if restarts else []
+    return [sys.executable, "-m", "ddpkit", "run", "--nproc", str(nproc), *again, script, *args]
 
 
 @dataclass(frozen=True)

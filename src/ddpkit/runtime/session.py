@@ -20,6 +20,7 @@ import atexit
 import dataclasses
 import faulthandler
 import gc
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -29,7 +30,7 @@ from torch.distributed import Store
 
 from ddpkit._core import log
 from ddpkit._core.envvars import positive_int_var
-from ddpkit._core.protocol import REFERENCE_WORLD_ENV, failure_recorded
+from ddpkit._core.protocol import DEALING_ENV, REFERENCE_WORLD_ENV, failure_recorded
 from ddpkit._core.text import first_line
 from ddpkit.env.dns import is_address, wait_for_name
 from ddpkit.env.initmethod import InitMethod, parse_init_method
@@ -248,3 +249,16 @@ def reference_world_size(environ: Mapping[str, str] | None = None) -> int | None
             f"reference) but this process is one of {current_world().world_size}; unset it"
         )
     return size
+
+
+def reference_dealing(environ: Mapping[str, str] | None = None) -> list[int]:
+    """In ``ddpkit verify``'s reference for a fault-tolerant run with a failure: how many
+    slices (ranks' batches) each committed step of the groups' run trained, as its group 0
+    recorded them (a step a group missed or healed in took fewer); empty otherwise.
+
+    Example:
+        >>> reference_dealing({DEALING_ENV: "4,4,2,4"})
+        [4, 4, 2, 4]
+    """
+    text = (os.environ if environ is None else environ).get(DEALING_ENV, "")
+    return [int(n) for n in text.split(",") if n]

@@ -240,21 +240,33 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
         groups.manager.shutdown(wait=False)
 
 
-@pytest.mark.parametrize(("workers", "inside"), [(1, "ddp"), (2, "ddp"), (2, "fsdp"), (2, "hsdp")])
+@pytest.mark.parametrize(
+    ("workers", "inside", "kill"),
+    [(1, "ddp", False), (2, "ddp", False), (2, "fsdp", False), (2, "hsdp", False),
+     (2, "ddp", True), (2, "fsdp", True), (2, "hsdp", True)],
+)  # fmt: skip
 def test_verify_finds_replica_groups_compute_what_one_process_computes(
-    workers: int, inside: str
+    workers: int, inside: str, kill: bool
 ) -> None:
-    """No failure: G groups of N workers against one process, the epoch's short last step
-    (142 samples in batches of 8) included; DDP, FSDP or HSDP inside each group (the
-    sharded ones exchange each rank's shard with the same rank of the other group)."""
+    """G groups of N workers against one process, the epoch's short last step (142 samples
+    in batches of 8) included; DDP, FSDP or HSDP inside each group (the sharded ones
+    exchange each rank's shard with the same rank of the other group). ``kill``: group 1's
+    last rank kills itself with -9 after step 6; torch's agent starts the group again, it
+    heals from group 0, and the run still computes what one process computes, every sample
+    once (read from what each process trained, the killed one's included)."""
     command = [sys.executable, "-m", "ddpkit", "verify", "examples/fault_tolerant.py",
                "--replica-groups", "2", "--workers", str(workers), "--steps", "12",
-               "--strategy", inside]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=200)
+               "--strategy", inside, *(["--kill-at", "6"] if kill else [])]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert f"PASS: 2 replica groups of {workers} worker" in done.stdout
     assert re.search(r"data +142 samples trained on, identical", done.stdout), done.stdout
     assert "2 replica groups ended with identical weights" in done.stdout
+    if kill:
+        said = r"killed +group 1: a process killed \(-9\) after step 6, started again " \
+               r"\(restart 1 of 1\), healed at step \d+ from a live group"  # fmt: skip
+        assert re.search(said, done.stdout), done.stdout
+        assert "one process killed after step 6 computed what one process computes" in done.stdout
 
 
 @pytest.mark.timeout(520)  # its waits: 480 s at most

@@ -218,3 +218,46 @@ def test_then_refuses_a_run_without_a_checkpoint_or_with_a_per_device_batch(
     with pytest.raises(ddpkit.errors.DdpkitError, match="batch_policy is 'per_device', so its"):
         _check_resizable(config, per_device, folder)
     _check_resizable(config, RunResult(record(setup={"batch_policy": "global"}), {}), folder)
+
+
+def _verify_config(*argv: str) -> VerifyConfig:
+    import argparse
+
+    from ddpkit.tools.verify.command import add_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return config_from_args(parser.parse_args(["t.py", *argv]))
+
+
+def test_kill_at_is_a_step_before_the_last_of_a_run_of_several_replica_groups() -> None:
+    config = _verify_config("--replica-groups", "2", "--steps", "12", "--kill-at", "6")
+    assert (config.replica_groups, config.kill_at) == (2, 6)
+    with pytest.raises(ddpkit.ConfigError, match="give --replica-groups 2 or more"):
+        _verify_config("--kill-at", "6")
+    with pytest.raises(ddpkit.ConfigError, match="give --replica-groups 2 or more"):
+        _verify_config("--replica-groups", "1", "--kill-at", "6")
+    with pytest.raises(ddpkit.ConfigError, match=r"1 to 11 with --steps 12 \(got 12\)"):
+        _verify_config("--replica-groups", "2", "--steps", "12", "--kill-at", "12")
+
+
+def test_samples_of_every_process_and_start_are_read_once_each(tmp_path: Path) -> None:
+    from ddpkit.tools.verify.recorder import read_samples
+
+    (tmp_path / "101.jsonl").write_text("[3, 11, 12]\n[4, 13, 14]\n")  # killed after a step
+    (tmp_path / "202.jsonl").write_text("[4, 13, 14]\n[5, 15, 16]\n")  # started again
+    assert read_samples(tmp_path) == {"3": [11, 12], "4": [13, 14], "5": [15, 16]}
+
+
+def test_a_killed_group_must_restart_and_heal_for_verify_to_pass(tmp_path: Path) -> None:
+    from ddpkit.tools.verify.groups import killed_and_healed
+
+    log = tmp_path / "output.log"
+    log.write_text("ddpkit run: 2 worker(s), restart 1 of 1\n[rank0] ddpkit: replica group 1: "
+                   "healed at step 6 (was at step 0): the run's state from ...\n")  # fmt: skip
+    ok, said = killed_and_healed(log, 1, 6)
+    assert ok and "after step 6, started again (restart 1 of 1), healed at step 6" in said
+    log.write_text("ddpkit run: 2 worker(s), restart 1 of 1\n")
+    assert killed_and_healed(log, 1, 6) == (False, f"group 1: a process killed (-9) after step "
+                                            f"6, never healed from a live group: the failure "
+                                            f"was not recovered from ({log})")  # fmt: skip

@@ -64,8 +64,13 @@ def _add_verify_options(parser: argparse.ArgumentParser, default: Any) -> None:
                              "checkpoint (an elastic job's world changing)")  # fmt: skip
     parser.add_argument("--replica-groups", type=int, default=pick(None), metavar="G",
                         help="experimental: a fault-tolerant run (ReplicaGroups, "
-                             "torchft) of G replica groups of N workers each, no failure, "
-                             "against one process")  # fmt: skip
+                             "torchft) of G replica groups of N workers each against one "
+                             "process")  # fmt: skip
+    parser.add_argument("--kill-at", type=int, default=pick(None), metavar="K",
+                        help="with --replica-groups: the last rank of the last group kills "
+                             "itself with SIGKILL after step K; torch's agent starts its group "
+                             "again and it heals from a live one, and the result must still "
+                             "be one process's")  # fmt: skip
     parser.add_argument("--rtol", type=float, default=pick(None),
                         help="relative tolerance (default: 1e-4 fp32, 2e-2 bf16/fp16)")  # fmt: skip
     parser.add_argument("--atol", type=float, default=pick(None),
@@ -101,6 +106,7 @@ def config_from_args(args: argparse.Namespace) -> VerifyConfig:
         steps=merged["steps"],
         then=merged["then"],
         replica_groups=merged["replica_groups"],
+        kill_at=merged["kill_at"],
         rtol=merged["rtol"],
         atol=merged["atol"],
         check_every=merged["check_every"],
@@ -124,6 +130,13 @@ def _check_counts(values: dict[str, Any]) -> None:
             "--replica-groups and --then cannot be combined: a fault-tolerant job changes "
             "size without a restart; verify one of them at a time"
         )
+    kill_at = values["kill_at"]
+    if kill_at is not None and (groups is None or groups < 2):
+        raise ConfigError("--kill-at kills a process of a replica group while the others train "
+                          "on: give --replica-groups 2 or more")  # fmt: skip
+    if kill_at is not None and not 1 <= kill_at < values["steps"]:
+        raise ConfigError(f"--kill-at must be a step before the last: 1 to {values['steps'] - 1} "
+                          f"with --steps {values['steps']} (got {kill_at})")  # fmt: skip
     for flag in ("steps", "check_every"):
         if values[flag] < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {values[flag]})")

@@ -17,9 +17,11 @@ Example::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,6 +99,26 @@ def merged_record(records: list[dict[str, Any]], finals: list[dict[str, torch.Te
     differ = [group for group, names in enumerate(unequal) if names]
     groups = {"count": len(records), "differ": differ, "tensors": sorted(set().union(*unequal))}
     return {**first, "setup": setup, "samples": samples, "groups": groups}
+
+
+def killed_and_healed(log: Path, group: int, step: int) -> tuple[bool, str]:
+    """Whether the group killed after ``step`` was started again by torch's agent and healed
+    from a live group, read from its output (``log``): verify's ``killed`` line.
+
+    Example::
+
+        killed_and_healed(out / "group1" / "output.log", 1, 6)
+        # (True, 'group 1: a process killed (-9) after step 6, started again (restart 1 ...')
+    """
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    restarted = re.search(r"restart (\d+) of (\d+)", text)
+    healed = re.search(r"healed at step (\d+) \(was at step \d+\)", text)
+    said = f"group {group}: a process killed (-9) after step {step}"
+    if restarted and healed:
+        return True, (f"{said}, started again ({restarted[0]}), healed at step {healed[1]} "
+                      "from a live group")  # fmt: skip
+    missing = "never started again" if not restarted else "never healed from a live group"
+    return False, f"{said}, {missing}: the failure was not recovered from ({log})"
 
 
 def groups_finding(record: dict[str, Any]) -> Finding:

@@ -10,7 +10,10 @@ recorder notes, in each run: every rank's weights and random-generator state whe
 ``prepare_model`` is called (before DDP broadcasts rank 0's weights and hides a difference), the
 parameters before the first step and after the last, which samples each rank trained on and a
 fingerprint of each, the sampler's coverage of the first epoch, the replica checks, and the
-model's layers that make runs differ by design (BatchNorm, Dropout). Rank 0 writes
+model's layers that make runs differ by design (BatchNorm, Dropout). Each rank appends its
+samples to a file of its own as it trains (a process killed mid-run keeps what it trained;
+``DDPKIT_VERIFY_KILL_AT``: the last rank of a replica group kills itself with SIGKILL after
+that step, in its first start only); at the end rank 0 reads them all and writes
 ``record.json`` and ``params.pt`` (tensors only); verify compares the two runs.
 
 Example:
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,16 +33,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ddpkit._core.protocol import VERIFY_DIR_ENV
+from ddpkit._core.protocol import KILL_AT_ENV, VERIFY_DIR_ENV
 from ddpkit.data.batches import batch_size_of, tensor_leaves
 from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.callbacks import Callback, RunView, register_callback
-from ddpkit.runtime.collectives import all_gather_rows, is_main
+from ddpkit.runtime.collectives import all_gather_rows, barrier, is_main
 from ddpkit.runtime.session import current_world, reference_world_size
 
 RECORD_FILE = "record.json"
+SAMPLES_FOLDER = "samples"  # each process's samples, one file each
 PARAMS_FILE = "params.pt"
 _MAX_SAMPLES = 4096  # fingerprinted samples per rank: enough to tell, small to gather
 
@@ -75,7 +80,9 @@ class Recorder(Callback):
         self.coverage: dict[str, Any] | None = None
         self.replicas: dict[str, Any] = {"checked": [], "divergence": None}
         self._initial: dict[str, torch.Tensor] = {}
-        self._samples: list[list[int]] = []  # [index, inputs hash, targets hash]
+        self._samples = 0  # fingerprinted so far: [index, inputs hash, targets hash] rows
+        self._rows = out / SAMPLES_FOLDER / f"{os.getpid()}.jsonl"  # this process's, appended
+        self._kill_at = int(os.environ.get(KILL_AT_ENV, "0")) or None
         self._epoch_order: list[int] = []
         self._position = 0
 
@@ -108,13 +115,24 @@ class Recorder(Callback):
         indices = list(dealt) if dealt is not None else (
             self._epoch_order[self._position : self._position + n])  # fmt: skip
         self._position += n
-        if len(indices) != n or len(self._samples) >= _MAX_SAMPLES:
+        if len(indices) != n or self._samples >= _MAX_SAMPLES:
             return
         per_sample = [t for t in tensor_leaves(batch) if t.dim() and t.shape[0] == n]
         first, rest = per_sample[0], per_sample[1:]
-        for row, index in enumerate(indices):
-            others = sum(fingerprint(t[row]) for t in rest) % (1 << 63)
-            self._samples.append([index, fingerprint(first[row]), others])
+        rows = [[index, fingerprint(first[row]), sum(fingerprint(t[row]) for t in rest) % (1 << 63)]
+                for row, index in enumerate(indices)]  # fmt: skip
+        self._samples += len(rows)
+        self._rows.parent.mkdir(parents=True, exist_ok=True)
+        with self._rows.open("a") as out:  # on disk before the step: a kill cannot lose them
+            out.write("".join(json.dumps(row) + "\n" for row in rows))
+
+    def on_train_batch_end(self, trainer: RunView, batch: Any, metrics: Any) -> None:
+        """``DDPKIT_VERIFY_KILL_AT``: the group's last rank dies with SIGKILL after that step,
+        as a process killed from outside would (torch's agent restarts its group)."""
+        world = current_world()
+        last = world.rank == world.world_size - 1 and not world.restart  # first start only
+        if self._kill_at is not None and trainer.step == self._kill_at and last:
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def on_replicas_checked(
         self, trainer: Any, step: int, divergence: Mapping[str, Any] | None
@@ -131,11 +149,13 @@ class Recorder(Callback):
             return
         self.finished = True
         final = full_state(trainer.model)
-        samples = _gather_samples(self._samples)
+        barrier()  # every rank's samples are on disk
         if is_main():
-            self._write(trainer.step, final, samples)
+            self._write(trainer.step, final, read_samples(self.out / SAMPLES_FOLDER),
+                        trainer.loader)  # fmt: skip
 
-    def _write(self, steps: int, final: dict[str, torch.Tensor], samples: dict[str, Any]) -> None:
+    def _write(self, steps: int, final: dict[str, torch.Tensor], samples: dict[str, Any],
+               loader: Any) -> None:  # fmt: skip
         self.out.mkdir(parents=True, exist_ok=True)
         torch.save({"initial": self._initial, "final": final}, self.out / PARAMS_FILE)
         record = {
@@ -147,6 +167,7 @@ class Recorder(Callback):
             "coverage": self.coverage,
             "replicas": self.replicas,
             "samples": samples,
+            "dealing": dealing_of(loader),
         }
         (self.out / RECORD_FILE).write_text(json.dumps(record, indent=1))
 
@@ -193,10 +214,29 @@ def _rng_fingerprint() -> int:
     return fingerprint(torch.get_rng_state())
 
 
-def _gather_samples(samples: list[list[int]]) -> dict[str, list[int]]:
-    mine = torch.tensor(samples, dtype=torch.int64).reshape(-1, 3)
-    rows = torch.cat(all_gather_rows(mine)).tolist()
+def dealing_of(loader: Any) -> list[int]:
+    """How many slices each committed step trained, where the batches deal among replica
+    groups (``ReplicaBatches.record``); empty for any other loader.
+
+    Example:
+        >>> dealing_of([1, 2, 3])
+        []
+    """
+    record = getattr(loader, "record", None)
+    return [len(slices) for _, slices in record] if isinstance(record, list) else []
+
+
+def read_samples(folder: Path) -> dict[str, list[int]]:
+    """Every sample the run's processes trained on (every start of each, a killed one's
+    included): its two fingerprints by dataset index.
+
+    Example:
+        >>> read_samples(Path("/nonexistent"))
+        {}
+    """
     found: dict[str, list[int]] = {}
-    for index, inputs_hash, targets_hash in rows:
-        found.setdefault(str(index), [inputs_hash, targets_hash])
+    for path in sorted(folder.glob("*.jsonl")) if folder.is_dir() else []:
+        for line in path.read_text().splitlines():
+            index, inputs_hash, targets_hash = json.loads(line)
+            found.setdefault(str(index), [inputs_hash, targets_hash])
     return found

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -27,6 +28,8 @@ from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     CHECK_REPLICAS_ENV,
     CHECKPOINT_DIR_ENV,
+    DEALING_ENV,
+    KILL_AT_ENV,
     LOG_DIR_ENV,
     MAX_STEPS_ENV,
     REFERENCE_WORLD_ENV,
@@ -37,8 +40,15 @@ from ddpkit._core.protocol import (
 from ddpkit.errors import DdpkitError
 from ddpkit.launch.jobs import Outcome, ddpkit_run_command, run_command
 from ddpkit.launch.program import check_script
-from ddpkit.tools.verify.groups import group_env, groups_finding, lighthouse, merged_record, run_all
-from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE
+from ddpkit.tools.verify.groups import (
+    group_env,
+    groups_finding,
+    killed_and_healed,
+    lighthouse,
+    merged_record,
+    run_all,
+)
+from ddpkit.tools.verify.recorder import PARAMS_FILE, RECORD_FILE, SAMPLES_FOLDER
 from ddpkit.tools.verify.report import (
     WORST_SHOWN,
     Finding,
@@ -70,6 +80,7 @@ class VerifyConfig:
     steps: int = DEFAULT_STEPS
     then: int | None = None  # resume the workers' run on this many halfway
     replica_groups: int | None = None  # a fault-tolerant run: this many groups of ``workers``
+    kill_at: int | None = None  # and the last group's last rank killed (-9) after this step
     rtol: float | None = None
     atol: float | None = None
     check_every: int = 1
@@ -124,7 +135,8 @@ def run_resized(config: VerifyConfig, out: Path) -> RunResult:
     return RunResult(merge_records(first.record, second.record), ends)
 
 
-def run_reference(config: VerifyConfig, folder: Path) -> RunResult:
+def run_reference(config: VerifyConfig, folder: Path, env: dict[str, str] | None = None
+                  ) -> RunResult:  # fmt: skip
     """The single process standing in for the workers (of a fault-tolerant run: one replica
     group alone, at a lighthouse of its own).
 
@@ -135,7 +147,8 @@ def run_reference(config: VerifyConfig, folder: Path) -> RunResult:
     if not config.replica_groups:
         return run_side(config, folder, 1, reference=True)
     with lighthouse(1) as address:
-        return run_side(config, folder, 1, reference=True, extra_env=group_env(0, address))
+        extra = {**group_env(0, address), **(env or {})}
+        return run_side(config, folder, 1, reference=True, extra_env=extra)
 
 
 def run_fault_tolerant(config: VerifyConfig, out: Path) -> tuple[RunResult, RunResult]:
@@ -147,13 +160,22 @@ def run_fault_tolerant(config: VerifyConfig, out: Path) -> tuple[RunResult, RunR
         reference, groups = run_fault_tolerant(VerifyConfig("ft.py", 1, replica_groups=2), out)
     """
     assert config.replica_groups is not None
-    reference = run_reference(config, out / "reference")
+    reference = None if config.kill_at else run_reference(config, out / "reference")
+    doomed = config.replica_groups - 1 if config.kill_at else None  # the last group
+    killing = {KILL_AT_ENV: str(config.kill_at)}
     with lighthouse(config.replica_groups) as address:
-        results = run_all(lambda g: run_side(config, out / f"group{g}", config.workers,
-                                             extra_env=group_env(g, address)),
-                          config.replica_groups)  # fmt: skip
+        results = run_all(lambda g: run_side(
+            config, out / f"group{g}", config.workers, restarts=int(g == doomed),
+            extra_env={**group_env(g, address), **(killing if g == doomed else {})},
+        ), config.replica_groups)  # fmt: skip
     finals = [result.states["final"] for result in results]
     record = merged_record([result.record for result in results], finals)
+    if reference is None:  # after a failure: one process trains what each step trained
+        dealing = ",".join(map(str, results[0].record.get("dealing", [])))
+        reference = run_reference(config, out / "reference", {DEALING_ENV: dealing})
+    if doomed is not None:
+        record["killed"] = killed_and_healed(out / f"group{doomed}" / "output.log", doomed,
+                                             config.kill_at or 0)  # fmt: skip
     return reference, RunResult(record, results[0].states)
 
 
@@ -213,6 +235,8 @@ def judge(config: VerifyConfig, ref: RunResult, run: RunResult, out: Path) -> tu
     checks = findings(run.record, ref.record, initial, final, f"rtol {rtol:g} + atol {atol:g}")
     if "groups" in run.record:
         checks.append(groups_finding(run.record))
+    if "killed" in run.record:
+        checks.append(Finding("killed", *run.record["killed"]))
     passed = all(check.ok for check in checks)
     causes = likely_causes(run.record, ref.record, initial, None) if not passed else []
     if not passed and not explained(causes):
@@ -232,18 +256,20 @@ def run_side(
     save_at: int | None = None,
     checkpoints: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    restarts: int = 0,
 ) -> RunResult:
     """One side: the single-process ``reference`` or ``workers`` workers; its record, or a
     clear error.
     ``steps`` (default: the config's), a checkpoint after step ``save_at``, and the folder
     whose checkpoints it resumes from (default: its own, empty) serve ``--then``;
-    ``extra_env``, ``--replica-groups``.
+    ``extra_env`` and ``restarts`` (torch's agent restarting the workers), ``--replica-groups``.
 
     Example::
 
         run_side(config, Path("/tmp/v/reference"), 1, reference=True).record["steps"]   # 10
     """
     folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder / SAMPLES_FOLDER, ignore_errors=True)  # an earlier --out run's
     steps = steps or config.steps
     env = {
         VERIFY_DIR_ENV: str(folder.resolve()),
@@ -260,7 +286,8 @@ def run_side(
         command += config.script_args
     else:
         env[CHECK_REPLICAS_ENV] = str(config.check_every)
-        command = ddpkit_run_command(workers, config.script, list(config.script_args))
+        command = ddpkit_run_command(workers, config.script, list(config.script_args),
+                                     restarts=restarts)  # fmt: skip
     name = "the single-process reference" if reference else f"the {workers}-worker run"
     command_logger("verify").info(f"running {name} ({steps} steps)...")
     outcome = run_command(command, env, config.timeout_s)
@@ -324,7 +351,8 @@ def _report(
 def _workers_text(config: VerifyConfig) -> str:
     workers = f"{config.workers} worker{'s' if config.workers > 1 else ''}"
     if config.replica_groups:
-        return f"{config.replica_groups} replica groups of {workers}"
+        killed = f", one process killed after step {config.kill_at}" if config.kill_at else ""
+        return f"{config.replica_groups} replica groups of {workers}{killed}"
     if config.then is None:
         return workers
     return f"{workers} then {config.then} from step {max(1, config.steps // 2)}"
