@@ -39,7 +39,7 @@ from ddpkit.data.coverage import listable, sampler_coverage
 from ddpkit.parallel.replicas import fingerprint
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.callbacks import Callback, RunView, register_callback
-from ddpkit.runtime.collectives import all_gather_rows, barrier, is_main
+from ddpkit.runtime.collectives import all_gather_rows, is_main
 from ddpkit.runtime.session import current_world, reference_world_size
 
 RECORD_FILE = "record.json"
@@ -81,6 +81,7 @@ class Recorder(Callback):
         self.replicas: dict[str, Any] = {"checked": [], "divergence": None}
         self._initial: dict[str, torch.Tensor] = {}
         self._samples = 0  # fingerprinted so far: [index, inputs hash, targets hash] rows
+        self._rows_kept: list[list[int]] = []
         self._rows = out / SAMPLES_FOLDER / f"{os.getpid()}.jsonl"  # this process's, appended
         self._kill_at = int(os.environ.get(KILL_AT_ENV, "0")) or None
         self._epoch_order: list[int] = []
@@ -122,6 +123,7 @@ class Recorder(Callback):
         rows = [[index, fingerprint(first[row]), sum(fingerprint(t[row]) for t in rest) % (1 << 63)]
                 for row, index in enumerate(indices)]  # fmt: skip
         self._samples += len(rows)
+        self._rows_kept.extend(rows)
         self._rows.parent.mkdir(parents=True, exist_ok=True)
         with self._rows.open("a") as out:  # on disk before the step: a kill cannot lose them
             out.write("".join(json.dumps(row) + "\n" for row in rows))
@@ -149,10 +151,11 @@ class Recorder(Callback):
             return
         self.finished = True
         final = full_state(trainer.model)
-        barrier()  # every rank's samples are on disk
+        # This start's ranks, on every host, gathered; and what earlier starts here left on disk
+        samples = _gather_samples(self._rows_kept)
         if is_main():
-            self._write(trainer.step, final, read_samples(self.out / SAMPLES_FOLDER),
-                        trainer.loader)  # fmt: skip
+            samples = {**read_samples(self.out / SAMPLES_FOLDER), **samples}
+            self._write(trainer.step, final, samples, trainer.loader)
 
     def _write(self, steps: int, final: dict[str, torch.Tensor], samples: dict[str, Any],
                loader: Any) -> None:  # fmt: skip
@@ -239,4 +242,13 @@ def read_samples(folder: Path) -> dict[str, list[int]]:
         for line in path.read_text().splitlines():
             index, inputs_hash, targets_hash = json.loads(line)
             found.setdefault(str(index), [inputs_hash, targets_hash])
+    return found
+
+
+def _gather_samples(samples: list[list[int]]) -> dict[str, list[int]]:
+    mine = torch.tensor(samples, dtype=torch.int64).reshape(-1, 3)
+    rows = torch.cat(all_gather_rows(mine)).tolist()
+    found: dict[str, list[int]] = {}
+    for index, inputs_hash, targets_hash in rows:
+        found.setdefault(str(index), [inputs_hash, targets_hash])
     return found
