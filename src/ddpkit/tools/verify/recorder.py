@@ -80,8 +80,7 @@ class Recorder(Callback):
         self.coverage: dict[str, Any] | None = None
         self.replicas: dict[str, Any] = {"checked": [], "divergence": None}
         self._initial: dict[str, torch.Tensor] = {}
-        self._samples = 0  # fingerprinted so far: [index, inputs hash, targets hash] rows
-        self._rows_kept: list[list[int]] = []
+        self._rows_kept: list[list[int]] = []  # [index, inputs hash, targets hash] so far
         self._rows = out / SAMPLES_FOLDER / f"{os.getpid()}.jsonl"  # this process's, appended
         self._kill_at = int(os.environ.get(KILL_AT_ENV, "0")) or None
         self._epoch_order: list[int] = []
@@ -116,13 +115,12 @@ class Recorder(Callback):
         indices = list(dealt) if dealt is not None else (
             self._epoch_order[self._position : self._position + n])  # fmt: skip
         self._position += n
-        if len(indices) != n or self._samples >= _MAX_SAMPLES:
+        if len(indices) != n or len(self._rows_kept) >= _MAX_SAMPLES:
             return
         per_sample = [t for t in tensor_leaves(batch) if t.dim() and t.shape[0] == n]
         first, rest = per_sample[0], per_sample[1:]
         rows = [[index, fingerprint(first[row]), sum(fingerprint(t[row]) for t in rest) % (1 << 63)]
                 for row, index in enumerate(indices)]  # fmt: skip
-        self._samples += len(rows)
         self._rows_kept.extend(rows)
         self._rows.parent.mkdir(parents=True, exist_ok=True)
         with self._rows.open("a") as out:  # on disk before the step: a kill cannot lose them
