@@ -19,7 +19,7 @@ from unittest import mock
 import torch
 
 import ddpkit
-from ddpkit.launch import interactive
+from ddpkit.launch.warm import interactive
 
 
 def one_training_worker() -> int:

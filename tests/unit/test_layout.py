@@ -19,7 +19,7 @@ import ddpkit
 PACKAGE = Path(ddpkit.__file__).parent
 MAX_LINES = 400
 WORKER_SIDE = ("ddpkit.runtime", "ddpkit.train", "ddpkit.parallel", "ddpkit.data",
-               "ddpkit.checkpoint", "ddpkit.tools")  # fmt: skip
+               "ddpkit.checkpoint", "ddpkit.compiling", "ddpkit.tools")  # fmt: skip
 
 
 def loaded_after(code: str) -> list[str]:

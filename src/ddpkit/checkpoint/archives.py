@@ -21,7 +21,7 @@ from ddpkit.checkpoint.storage import CheckpointFolder, ObjectFolder
 
 
 class ArchiveStore:
-    """A run's object store as a keeper of archives (what ``parallel.compiledrun`` takes).
+    """A run's object store as a keeper of archives (what ``compiling.keptkernels`` takes).
 
     Example::
 

@@ -22,7 +22,6 @@ from ddpkit._core.system import threads_per_worker
 from ddpkit.env.kubernetes import detect_pod_job
 from ddpkit.env.slurm import slurm_nodes
 from ddpkit.errors import ConfigError
-from ddpkit.launch.forkserver import start_warm_server
 from ddpkit.launch.lifeline import stop_at_end_of_input
 from ddpkit.launch.profileflags import add_profile_arguments, profile_settings
 from ddpkit.launch.program import Program
@@ -36,6 +35,7 @@ from ddpkit.launch.torchrun_flags import (
     rendezvous_flags,
     resolve_nproc,
 )
+from ddpkit.launch.warm.forkserver import start_warm_server
 
 if TYPE_CHECKING:
     from ddpkit.launch.plan import LaunchPlan

@@ -60,14 +60,14 @@ from ddpkit.errors import (
     RendezvousError,
     StoppedBySignalError,
 )
+from ddpkit.launch.console.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.failures import diagnose, recorded
-from ddpkit.launch.forkserver import start_warm_server, warm_start_method
-from ddpkit.launch.interactive import start_method_for
 from ddpkit.launch.lifeline import Tied
-from ddpkit.launch.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config
 from ddpkit.launch.program import Program
 from ddpkit.launch.scratch import launch_folder
+from ddpkit.launch.warm.forkserver import start_warm_server, warm_start_method
+from ddpkit.launch.warm.interactive import start_method_for
 from ddpkit.launch.workerenv import worker_env_defaults
 
 
@@ -86,7 +86,7 @@ def spawn(
     ("ADDR:PORT" of node 0) and this node's ``node_rank``; ranks follow the tutorials'
     ``global_rank = node_rank * nprocs + local_rank``. ``fn`` and ``args`` must be picklable
     (a module-level function); one typed into a notebook or ``python -i`` works too, its
-    workers forked (:mod:`ddpkit.launch.interactive`). If a worker raises,
+    workers forked (:mod:`ddpkit.launch.warm.interactive`). If a worker raises,
     :class:`WorkerFailedError` carries its rank and traceback, and the other workers are
     stopped.
 

@@ -6,7 +6,7 @@ Each worker asks Linux to send it SIGTERM when its launcher dies (``PR_SET_PDEAT
 worker inside ``Trainer.fit`` then checkpoints at the next step and exits, any other worker
 ends at once. Script workers do this in :mod:`ddpkit.launch.worker` before the script starts;
 ``ddpkit.spawn``'s function workers through :class:`Tied`. Those are forked by the forkserver
-(:mod:`ddpkit.launch.forkserver`), not by the launcher, so they watch the launcher's pidfd.
+(:mod:`ddpkit.launch.warm.forkserver`), not by the launcher, so they watch the launcher's pidfd.
 
 Example:
     >>> die_with_launcher(environ={})  # not started by a ddpkit launcher: nothing to tie to
@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpkit._core.protocol import LAUNCHER_PID_ENV, STDIN_LIFELINE_ENV
-from ddpkit.launch.forkserver import (
+from ddpkit.launch.warm.forkserver import (
     fresh_process_state,
     fresh_signal_state,
     restore_launch_environment,

@@ -45,9 +45,9 @@ from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 from ddpkit.errors import ConfigError
 from ddpkit.flightrecorder.arming import arm_flight_recorder
 from ddpkit.flightrecorder.records import recent_collectives
-from ddpkit.launch.forkserver import take_launcher_stdin
 from ddpkit.launch.lifeline import die_with_launcher
 from ddpkit.launch.signalrelay import relay_pending, relay_stop_signals_to_group
+from ddpkit.launch.warm.forkserver import take_launcher_stdin
 
 
 def main(argv: list[str] | None = None) -> None:

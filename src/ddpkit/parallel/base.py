@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import torch
 from torch import nn
 
+from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.options import check_given
 
 if TYPE_CHECKING:

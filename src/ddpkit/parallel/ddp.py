@@ -25,10 +25,10 @@ from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
 from ddpkit._core.validate import check_choice
+from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import ModuleWrapperStrategy, checked_options
 from ddpkit.parallel.commhooks import COMM_HOOKS, CommHook, register_comm_hook
-from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.options import bounded
 from ddpkit.runtime.collectives import has_process_group
 

@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy, checked_options
-from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.recompute import unit_of
 from ddpkit.parallel.shardprecision import policy_precision, policy_text, shard_policy
 from ddpkit.parallel.weights import on_meta

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import Strategy
-from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.strategy import strategy_of
 
 if TYPE_CHECKING:

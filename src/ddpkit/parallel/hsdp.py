@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ddpkit._core.log import logger
+from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import checked_options
-from ddpkit.parallel.compiled import uncompiled
 from ddpkit.parallel.fsdp import FSDPStrategy, shard_model
 from ddpkit.parallel.options import bounded
 from ddpkit.parallel.shardprecision import policy_text

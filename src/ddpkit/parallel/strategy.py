@@ -38,10 +38,10 @@ from torch import nn
 
 from ddpkit._core.log import logger
 from ddpkit._core.validate import check_choice
+from ddpkit.compiling.wrap import compile_request, compiled, uncompiled
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import STRATEGY_MODULES, Strategy, StrategyName
-from ddpkit.parallel.compiled import compile_request, compiled, uncompiled
 from ddpkit.parallel.recompute import (
     ActivationCheckpointing,
     checkpoint_blocks,
@@ -76,7 +76,7 @@ def prepare_model(
     ``sync_batchnorm=True`` converts BatchNorm layers to SyncBatchNorm, so statistics are
     computed over the global batch (in a world of one there is nothing to synchronize).
     ``compile=True`` (or a dict of ``torch.compile`` options) compiles the wrapped model, the
-    order DDP and FSDP need (see :mod:`ddpkit.parallel.compiled`); a model compiled
+    order DDP and FSDP need (see :mod:`ddpkit.compiling.wrap`); a model compiled
     beforehand is compiled again that way.
     ``activation_checkpointing`` recomputes blocks' activations in backward instead of
     keeping them: ``True`` (the strategy's FSDP units), the block classes, or

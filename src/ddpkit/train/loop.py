@@ -21,6 +21,7 @@ import torch
 
 from ddpkit._core.validate import check_positive_int
 from ddpkit.checkpoint.archives import archive_store
+from ddpkit.compiling.keptkernels import CompiledRun, kernels_for_run
 from ddpkit.data.batches import batches_in, to_device
 from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
@@ -31,7 +32,6 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
-from ddpkit.parallel.compiledrun import CompiledRun, kernels_for_run
 from ddpkit.runtime.callbacks import Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world

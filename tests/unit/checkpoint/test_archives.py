@@ -14,8 +14,8 @@ import torch
 
 from ddpkit.checkpoint.archives import archive_store, fetch_archive, store_archive
 from ddpkit.checkpoint.storage import ObjectFolder
-from ddpkit.parallel.compilecache import CACHE_ENV
-from ddpkit.parallel.compiledrun import archive_name, kernels_for_run
+from ddpkit.compiling.cache import CACHE_ENV
+from ddpkit.compiling.keptkernels import archive_name, kernels_for_run
 
 fsspec = pytest.importorskip("fsspec")
 

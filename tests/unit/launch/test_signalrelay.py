@@ -87,7 +87,7 @@ def test_a_function_worker_gets_the_signal_state_of_a_fresh_interpreter() -> Non
     lines = run(
         """
         import signal
-        from ddpkit.launch.forkserver import fresh_signal_state
+        from ddpkit.launch.warm.forkserver import fresh_signal_state
         for ignored in (False, True):
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the forkserver leaves it
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Sequence
 
 from ddpkit._core.protocol import DEFAULT_MASTER_PORT
-from ddpkit.env.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.errors import ConfigError
+from ddpkit.launch.remote.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.launch.remote.job import RemotePlan, Script, forwarded_environment
 from ddpkit.launch.remote.ssh import Ssh, run_on_hosts
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpkit.env.hostfile import Host
 from ddpkit.errors import ConfigError
+from ddpkit.launch.remote.hostfile import Host
 from ddpkit.launch.remote.order import HostOrder, Probe
 
 FORWARDED_PREFIXES = ("DDPKIT_", "NCCL_", "GLOO_", "TORCH_", "PYTORCH_", "OMP_", "WANDB_",

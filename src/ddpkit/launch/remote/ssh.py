@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from ddpkit._core.log import command_logger
-from ddpkit.env.hostfile import Host
 from ddpkit.errors import ConfigError, StoppedBySignalError
+from ddpkit.launch.remote.hostfile import Host
 from ddpkit.launch.remote.job import LINK_TIMEOUT_S, RemotePlan, Script
 from ddpkit.launch.remote.order import ENTRY, GO, PROBE_ANSWER
 

@@ -1,6 +1,6 @@
 """``ddpkit.spawn`` from a notebook or a REPL: how a function typed there reaches its workers.
 
-Workers are normally forked from a warm server (:mod:`ddpkit.launch.forkserver`; spawn
+Workers are normally forked from a warm server (:mod:`ddpkit.launch.warm.forkserver`; spawn
 where the platform has no forkserver), which imports the function's module and looks the
 function up by name. A function typed into ``python -i``, a Jupyter cell or IPython lives
 in a ``__main__`` that has no file, so neither can find it. Such a function is sent by
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpkit.errors import ConfigError
-from ddpkit.launch.forkserver import warm_start_method
+from ddpkit.launch.warm.forkserver import warm_start_method
 
 
 def start_method_for(fn: Callable[..., Any]) -> str:

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddpkit.launch.linemerge import LineMerger, rank_ranges
-from ddpkit.launch.liveline import LiveLine
-from ddpkit.launch.mergedoutput import FollowedFile, MergedConsole
+from ddpkit.launch.console.linemerge import LineMerger, rank_ranges
+from ddpkit.launch.console.liveline import LiveLine
+from ddpkit.launch.console.mergedoutput import FollowedFile, MergedConsole
 
 
 def lines(merger: LineMerger, now: float, flush: bool = False) -> list[str]:

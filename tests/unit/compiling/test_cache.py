@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from ddpkit.parallel import compilecache
-from ddpkit.parallel.compilecache import (
+from ddpkit.compiling import cache as compilecache
+from ddpkit.compiling.cache import (
     CACHE_ENV,
     HEADERS,
     cache_folder,
@@ -20,7 +20,7 @@ from ddpkit.parallel.compilecache import (
     keep_used_headers,
     keep_with_run,
 )
-from ddpkit.parallel.compiledrun import kernels_for_run
+from ddpkit.compiling.keptkernels import kernels_for_run
 
 CPU = torch.device("cpu")
 
@@ -106,7 +106,7 @@ def test_a_server_forks_workers_without_the_cache_folder_torch_wrote_in_it(
 ) -> None:
     """A warm server's torch wrote its /tmp cache folder into the server's environment;
     workers forked from it took that for the user's choice and kept no kernels with the run."""
-    from ddpkit.launch import forkserver
+    from ddpkit.launch.warm import forkserver
 
     monkeypatch.setattr(forkserver, "_STARTING_ENV", {"PATH": "/usr/bin"})
     monkeypatch.setenv(CACHE_ENV, "/tmp/torchinductor_root")

@@ -42,7 +42,7 @@ from ddpkit._compat.inductor import (
 from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.privatefolder import check_private, private_folder
-from ddpkit.parallel.compiled import uncompiled
+from ddpkit.compiling.wrap import uncompiled
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's own setting, read each time it is used
 CACHE_FOLDER = "compile-cache"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 PROBE = """
 import logging
-from ddpkit.launch.forkserver import warm_start_method
+from ddpkit.launch.warm.forkserver import warm_start_method
 logging.basicConfig(format="%(message)s")
 print(warm_start_method(), warm_start_method())
 """

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.env.hostfile import Host, parse_hosts, read_hostfile
 from ddpkit.errors import ConfigError
 from ddpkit.launch.command import add_arguments
 from ddpkit.launch.remote.flags import forwarded_argv, remote_plan
+from ddpkit.launch.remote.hostfile import Host, parse_hosts, read_hostfile
 from ddpkit.launch.remote.job import RemotePlan, Script, ScriptKind, forwarded_environment
 from ddpkit.launch.remote.order import ENTRY, HostOrder
 from ddpkit.launch.remote.ssh import Ssh, _judge

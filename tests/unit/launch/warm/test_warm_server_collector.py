@@ -10,7 +10,7 @@ from pathlib import Path
 
 PROBE = """
 import gc, multiprocessing
-from ddpkit.launch.forkserver import PRELOADED
+from ddpkit.launch.warm.forkserver import PRELOADED
 
 def report(queue):
     queue.put((gc.isenabled(), gc.get_freeze_count()))
@@ -42,7 +42,7 @@ def test_a_fork_of_the_server_collects_again_and_shares_the_preloads_frozen(
 def test_outside_a_server_the_last_preload_freezes_nothing() -> None:
     """In a fresh interpreter: in this one, collecting the doctests imported it already."""
     probe = (
-        "import gc; before = gc.get_freeze_count(); import ddpkit.launch.serverready; "
+        "import gc; before = gc.get_freeze_count(); import ddpkit.launch.warm.serverready; "
         "print(before, gc.get_freeze_count(), gc.isenabled())"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

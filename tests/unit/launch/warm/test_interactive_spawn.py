@@ -8,8 +8,8 @@ import types
 import pytest
 
 from ddpkit import ConfigError
-from ddpkit.launch import interactive
-from ddpkit.launch.interactive import start_method_for
+from ddpkit.launch.warm import interactive
+from ddpkit.launch.warm.interactive import start_method_for
 
 
 def typed_in_a_notebook() -> None: ...

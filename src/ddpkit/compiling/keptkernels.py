@@ -2,7 +2,7 @@
 compiling cost its first step.
 
 A checkpoint folder on a file system holds torch's compile cache itself
-(:func:`ddpkit.parallel.compilecache.keep_with_run`). An object store cannot be torch's cache:
+(:func:`ddpkit.compiling.cache.keep_with_run`). An object store cannot be torch's cache:
 there each node compiles into a private folder of this user's (``$XDG_CACHE_HOME/ddpkit``, else
 ``ddpkit-<uid>`` in the temporary directory: mode 0700, checked to be this user's and
 writable by nobody else), named by the store's URL, and the run carries that folder in the
@@ -40,8 +40,7 @@ from torch import nn
 
 from ddpkit._core.log import logger
 from ddpkit._core.privatefolder import check_private, private_folder, user_cache_root
-from ddpkit.errors import UnsafeFolderError
-from ddpkit.parallel.compilecache import (
+from ddpkit.compiling.cache import (
     CACHE_FOLDER,
     FINGERPRINT_FILE,
     RAN_EAGERLY,
@@ -56,6 +55,7 @@ from ddpkit.parallel.compilecache import (
     use_cache_folder,
     user_chose_cache,
 )
+from ddpkit.errors import UnsafeFolderError
 
 
 class KernelStore(Protocol):

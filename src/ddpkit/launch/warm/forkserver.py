@@ -36,8 +36,8 @@ from ddpkit._core.protocol import WARM_SERVER_ENV
 # the first optimizer step imports), ddpkit's training API and the workers' first module.
 # This module comes first (it pauses the collector for the rest), serverready last.
 PRELOADED = (
-    *("ddpkit.launch.forkserver", "torch._dynamo", "ddpkit", "ddpkit.launch.worker"),
-    "ddpkit.launch.serverready",
+    *("ddpkit.launch.warm.forkserver", "torch._dynamo", "ddpkit", "ddpkit.launch.worker"),
+    "ddpkit.launch.warm.serverready",
 )
 
 # Set by torch's agent for each rank whatever the caller's environment holds (its
@@ -262,7 +262,7 @@ def freeze_preloads() -> None:
 
     Example::
 
-        freeze_preloads()   # the server's last preload (ddpkit.launch.serverready)
+        freeze_preloads()   # the server's last preload (ddpkit.launch.warm.serverready)
     """
     if _collector_paused:
         gc.freeze()

@@ -6,8 +6,8 @@ folder when given: every rank's whole output stays there) and follows the files 
 thread of the launcher. A worker started through ddpkit's bootstrap writes its stderr into
 its stdout file (:data:`~ddpkit._core.protocol.ONE_STREAM_ENV`), so the file keeps the order
 in which the rank wrote to the two, and the console prints them in that order, on its
-stdout. :mod:`~ddpkit.launch.linemerge` decides which lines become one and when each goes
-out; :mod:`~ddpkit.launch.liveline` draws the line a rank is redrawing with ``\\r``. When
+stdout. :mod:`~ddpkit.launch.console.linemerge` decides which lines become one and when each goes
+out; :mod:`~ddpkit.launch.console.liveline` draws the line a rank is redrawing with ``\\r``. When
 the workers stop, everything left is printed at once, before the launcher's report, so a
 failure is never held back.
 
@@ -33,8 +33,8 @@ from typing import IO, Any
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.api import LogsDest
 
-from ddpkit.launch.linemerge import Group, LineMerger, labelled
-from ddpkit.launch.liveline import LiveLine
+from ddpkit.launch.console.linemerge import Group, LineMerger, labelled
+from ddpkit.launch.console.liveline import LiveLine
 
 POLL_S = 0.05  # how often the files are read
 
@@ -93,7 +93,7 @@ class FollowedFile:
 
 class MergedConsole:
     """Follows every worker's output files and prints them merged, from a thread; the line
-    a rank is drawing goes out live (:class:`~ddpkit.launch.liveline.LiveLine`).
+    a rank is drawing goes out live (:class:`~ddpkit.launch.console.liveline.LiveLine`).
 
     Example::
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpkit.parallel.compilecache import RAN_EAGERLY
+from ddpkit.compiling.cache import RAN_EAGERLY
 from helpers.launch_helpers import ddpkit_cli
 from helpers.strategy_workers import load_wine
 

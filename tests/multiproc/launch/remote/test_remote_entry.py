@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpkit.env.hostfile import Host
+from ddpkit.launch.remote.hostfile import Host
 from ddpkit.launch.remote.job import RemotePlan, Script
 from ddpkit.launch.remote.order import ENTRY, PROBE_ANSWER
 from helpers.launch_helpers import REPO
