@@ -74,11 +74,13 @@ check: $(VENV)/.test-installed lint typecheck unit
 unit: $(VENV)/.test-installed
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest tests/unit src/ddpkit $(PYTEST_ARGS)
 
-# ruff, and the import-linter contracts in pyproject.toml (the layers of docs/architecture.md).
+# ruff, the import-linter contracts in pyproject.toml (the layers of docs/architecture.md), and
+# the review list of the longest modules and functions (not a cap: docs/development.md).
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python tests/helpers/longest.py
 
 typecheck: $(VENV)/.test-installed
 	$(BIN)/mypy

@@ -1,4 +1,6 @@
-"""The package's shape: small modules, and each entry point imports only its own layers.
+"""The package's shape: each entry point imports only its own layers, and private internals
+are reached in ``_compat`` alone (module size is a review list, not a cap:
+tests/helpers/longest.py).
 
 Each import check runs in a fresh interpreter, so what it sees is what the entry point
 itself loads.
@@ -17,7 +19,6 @@ import pytest
 import ddpkit
 
 PACKAGE = Path(ddpkit.__file__).parent
-MAX_LINES = 400
 WORKER_SIDE = ("ddpkit.runtime", "ddpkit.train", "ddpkit.parallel", "ddpkit.data",
                "ddpkit.checkpoint", "ddpkit.compiling", "ddpkit.tools")  # fmt: skip
 
@@ -28,11 +29,6 @@ def loaded_after(code: str) -> list[str]:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     names = done.stdout.strip().splitlines()[-1].split()
     return [name for name in names if name.split(".")[0] in ("ddpkit", "torch")]
-
-
-def test_no_module_is_over_400_lines() -> None:
-    sizes = {p.relative_to(PACKAGE): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    assert {path: n for path, n in sizes.items() if n > MAX_LINES} == {}
 
 
 def test_import_ddpkit_imports_neither_torch_nor_any_layer() -> None:

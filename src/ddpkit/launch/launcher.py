@@ -63,12 +63,11 @@ from ddpkit.errors import (
 from ddpkit.launch.console.mergedoutput import MergedConsole, MergedLogsSpecs
 from ddpkit.launch.failures import diagnose, recorded
 from ddpkit.launch.lifeline import Tied
-from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config
+from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config, worker_env_defaults
 from ddpkit.launch.program import Program
 from ddpkit.launch.scratch import launch_folder
 from ddpkit.launch.warm.forkserver import start_warm_server, warm_start_method
 from ddpkit.launch.warm.interactive import start_method_for
-from ddpkit.launch.workerenv import worker_env_defaults
 
 
 def spawn(

@@ -12,8 +12,7 @@ import pytest
 from ddpkit.env.world import World
 from ddpkit.errors import ConfigError
 from ddpkit.faulttolerance import exchange
-from ddpkit.launch.plan import LaunchPlan
-from ddpkit.launch.workerenv import worker_env_defaults
+from ddpkit.launch.plan import LaunchPlan, worker_env_defaults
 
 ELSEWHERE = "http://10.9.9.9:29510"  # a lighthouse on another host, reached over eth0
 
