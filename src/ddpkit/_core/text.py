@@ -1,4 +1,5 @@
-"""Small text helpers for messages: an error's first line, a list of ranks, HOST:PORT.
+"""Small text helpers: an error's first line, a list of ranks, HOST:PORT, a short name from a
+long text.
 
 Example:
     >>> ranks_text([1, 3]), first_line(ValueError("bad\\nmore"))
@@ -6,6 +7,8 @@ Example:
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from ddpkit.errors import ConfigError
 
@@ -64,3 +67,14 @@ def parse_endpoint(text: str | None, flag: str) -> tuple[str, int]:
     if endpoint is None:
         raise ConfigError(f"{flag} {text!r} is not ADDR:PORT (like 10.0.0.1:29500)")
     return endpoint
+
+
+def short_digest(text: str, length: int = 16) -> str:
+    """The first ``length`` hex digits of ``text``'s SHA-256: a folder or a number named by
+    a long text (a store's URL, a machine's fingerprint), the same on every host.
+
+    Example:
+        >>> short_digest("s3://bucket/run"), len(short_digest("x", 15))
+        ('03236a01105588c1', 15)
+    """
+    return hashlib.sha256(text.encode()).hexdigest()[:length]

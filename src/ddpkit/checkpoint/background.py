@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ddpkit.errors import CheckpointError
+from ddpkit.runtime.tensortree import map_tensors
 
 
 def snapshot(value: Any) -> Any:
@@ -48,20 +49,10 @@ def snapshot(value: Any) -> Any:
         >>> snapshot({"a": (torch.zeros(1), 3)})
         {'a': (tensor([0.]), 3)}
     """
-    copied = _copy(value)
+    copied = map_tensors(value, _copy_tensor)
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the device-to-host copies were queued without waiting
     return copied
-
-
-def _copy(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return _copy_tensor(value)
-    if isinstance(value, dict):
-        return type(value)((key, _copy(item)) for key, item in value.items())
-    if isinstance(value, list | tuple) and not hasattr(value, "_fields"):
-        return type(value)(_copy(item) for item in value)
-    return value  # numbers, strings, None: nothing a later step changes
 
 
 def _copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -70,24 +61,6 @@ def _copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.clone()
     host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
     return host.copy_(tensor, non_blocking=True)
-
-
-def tensor_bytes(value: Any) -> int:
-    """The bytes of every tensor in ``value`` (a sharded tensor: this rank's shard), which a
-    background save holds a copy of while it writes.
-
-    Example:
-        >>> tensor_bytes({"w": torch.zeros(4), "groups": [{"lr": 0.1}]})
-        16
-    """
-    if isinstance(value, torch.Tensor):
-        local = value.to_local() if hasattr(value, "to_local") else value
-        return int(local.nelement() * local.element_size())
-    if isinstance(value, dict):
-        return sum(tensor_bytes(item) for item in value.values())
-    if isinstance(value, list | tuple):
-        return sum(tensor_bytes(item) for item in value)
-    return 0
 
 
 _writing: set[threading.Thread] = set()  # every write in flight in this process

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ddpkit.runtime.collectives import all_gather_rows
+from ddpkit.runtime.tensortree import map_tensors
 
 try:  # NumPy is optional, as in ddpkit.runtime.seeding
     import numpy as np
@@ -92,13 +93,7 @@ def on_cpu(state: Any) -> Any:
         >>> on_cpu({"rng": [torch.zeros(2, dtype=torch.uint8)], "host": "gpu7"})["host"]
         'gpu7'
     """
-    if isinstance(state, torch.Tensor):
-        return state.cpu()
-    if isinstance(state, dict):
-        return {key: on_cpu(value) for key, value in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(on_cpu(value) for value in state)
-    return state
+    return map_tensors(state, torch.Tensor.cpu)
 
 
 def gather_from_ranks(state: dict[str, Any]) -> list[dict[str, Any]]:

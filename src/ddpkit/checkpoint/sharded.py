@@ -46,7 +46,6 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ddpkit._core.atomicfile import fsync_directory
-from ddpkit.checkpoint.background import tensor_bytes
 from ddpkit.checkpoint.files import (
     Position,
     load_checkpoint,
@@ -56,6 +55,7 @@ from ddpkit.checkpoint.files import (
 from ddpkit.checkpoint.integrity import file_digest
 from ddpkit.errors import CheckpointError
 from ddpkit.runtime.collectives import all_gather_rows, barrier, get_rank, is_main
+from ddpkit.runtime.tensortree import tensor_bytes
 from ddpkit.runtime.watchdog import watch
 
 TRAINER_FILE = "trainer.pt"

@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -42,6 +41,7 @@ from ddpkit._compat.inductor import (
 from ddpkit._core.atomicfile import atomic_write
 from ddpkit._core.log import logger
 from ddpkit._core.privatefolder import check_private, private_folder
+from ddpkit._core.text import short_digest
 from ddpkit.compiling.wrap import uncompiled
 
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's own setting, read each time it is used
@@ -78,7 +78,7 @@ def cache_folder(run_folder: Path, device: torch.device) -> Path:
         PosixPath('runs/gpt/compile-cache')
     """
     text = json.dumps(fingerprint(device), sort_keys=True)
-    return run_folder / CACHE_FOLDER / hashlib.sha256(text.encode()).hexdigest()[:16]
+    return run_folder / CACHE_FOLDER / short_digest(text)
 
 
 def keep_with_run(

@@ -24,22 +24,21 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch import nn
 
+from ddpkit._core.filelock import holding
 from ddpkit._core.log import logger
 from ddpkit._core.privatefolder import check_private, private_folder, user_cache_root
+from ddpkit._core.text import short_digest
 from ddpkit.compiling.cache import (
     CACHE_FOLDER,
     FINGERPRINT_FILE,
@@ -151,9 +150,9 @@ def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
     if user_chose_cache():  # the user's own TORCHINDUCTOR_CACHE_DIR
         return None
     root = private_folder(user_cache_root() / "compile-cache")
-    folder = cache_folder(root / hashlib.sha256(store.url.encode()).hexdigest()[:16], device)
+    folder = cache_folder(root / short_digest(store.url), device)
     private_folder(folder.parent)
-    with _node_lock(folder):
+    with holding(folder.parent / f".{folder.name}.lock"):
         if os.path.lexists(folder):  # only ever renamed into place whole
             check_private(folder)
             if _holds_kernels(folder):
@@ -187,10 +186,3 @@ def _unpack_whole(store: KernelStore, name: str, folder: Path) -> int:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     return size
-
-
-@contextlib.contextmanager
-def _node_lock(folder: Path) -> Iterator[None]:
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield

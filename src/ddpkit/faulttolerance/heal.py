@@ -33,6 +33,7 @@ import torch
 from ddpkit._compat.serialization import streaming_load
 from ddpkit._compat.torchft import heal_transport_base
 from ddpkit._core.system import route_to
+from ddpkit.runtime.tensortree import map_tensors, tensor_bytes
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,9 @@ class HealTransport(heal_transport_base()):  # type: ignore[misc]  # torchft's, 
         ):
             warnings.filterwarnings("ignore", "The given buffer is not writable")
             state = streaming_load(stream)  # weights_only: never unpickle a peer's data
-        return _owned(state)
+        # streamed tensors share the received bytes, which are read-only, and an optimizer
+        # steps its state in place: each tensor gets memory of its own
+        return map_tensors(state, torch.Tensor.clone)
 
     def recv_checkpoint(self, src_rank: int, metadata: str, step: int, timeout: timedelta) -> Any:
         start = time.perf_counter()
@@ -88,34 +91,6 @@ class HealTransport(heal_transport_base()):  # type: ignore[misc]  # torchft's, 
         seconds = time.perf_counter() - start
         self.last_heal = Heal(src_rank, peer, local, interface, tensor_bytes(state), seconds)
         return state
-
-
-def _owned(state: Any) -> Any:
-    """The state with every tensor copied into memory of its own: streamed tensors share
-    the received bytes, which are read-only, and an optimizer steps its state in place."""
-    if isinstance(state, torch.Tensor):
-        return state.clone()
-    if isinstance(state, dict):
-        return {key: _owned(value) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(_owned(value) for value in state)
-    return state
-
-
-def tensor_bytes(state: Any) -> int:
-    """The bytes of the tensors in a (nested) state dict.
-
-    Example:
-        >>> tensor_bytes({"w": torch.zeros(4), "step": 3, "opt": [torch.zeros(2, 2)]})
-        32
-    """
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
-    if isinstance(state, list | tuple):
-        return sum(tensor_bytes(value) for value in state)
-    return 0
 
 
 def serve_lighthouse(bind: str, min_groups: int, heartbeat_ms: int, join_ms: int) -> Any:

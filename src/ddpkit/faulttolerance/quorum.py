@@ -24,10 +24,10 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from ddpkit._compat.torchft import renumber_quorums
+from ddpkit._core.text import short_digest
 
 
 class QuorumNumbers:
@@ -49,7 +49,7 @@ class QuorumNumbers:
         seen = (lighthouse_number, tuple(sorted(members)))
         if seen != self._last:
             text = f"{lighthouse_number} {step} {' '.join(seen[1])}"
-            self._number = int(hashlib.sha256(text.encode()).hexdigest()[:15], 16)
+            self._number = int(short_digest(text, 15), 16)
             self._last = seen
         return self._number
 

@@ -18,10 +18,11 @@ Example::
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from ddpkit.runtime.tensortree import map_tensors
 
 
 def is_sharded(tensor: Any) -> bool:
@@ -52,7 +53,7 @@ def local_state(state: Any) -> Any:
         >>> local_state({"w": torch.ones(1), "step": 3})
         {'w': tensor([1.]), 'step': 3}
     """
-    return _mapped(state, lambda t: local(t).detach())
+    return map_tensors(state, lambda t: local(t).detach())
 
 
 def resharded(state: dict[str, Any], run: Any) -> dict[str, Any]:
@@ -103,13 +104,3 @@ def _shard_like(value: Any, like: torch.Tensor) -> Any:
     assert isinstance(like, DTensor)
     return DTensor.from_local(value.to(local(like).device), like.device_mesh, like.placements,
                               shape=like.shape, stride=like.stride())  # fmt: skip
-
-
-def _mapped(state: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(state, torch.Tensor):
-        return change(state)
-    if isinstance(state, dict):
-        return {key: _mapped(value, change) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        return type(state)(_mapped(value, change) for value in state)
-    return state

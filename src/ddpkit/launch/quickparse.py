@@ -55,6 +55,17 @@ _READ_SWITCHES = {
 _HELP = frozenset({"-h", "--help"})
 
 
+def spellings_of(*dests: str) -> frozenset[str]:
+    """Every spelling torchrun (and ddpkit) accepts for the flags that set ``dests``: one
+    table, read by the quick parse and by ``--hosts``, which fills these in per host.
+
+    Example:
+        >>> sorted(spellings_of("master_port"))
+        ['--master-port', '--master_port']
+    """
+    return frozenset(flag for flags, (dest, _) in _READ.items() if dest in dests for flag in flags)
+
+
 def parse_for_hosts(
     argv: Sequence[str], own: argparse.ArgumentParser, environ: Mapping[str, str] | None = None
 ) -> argparse.Namespace | None:

@@ -17,13 +17,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from ddpkit._core.filelock import LockHolder, holding, lock_holder
 
 PREFIX = "ddpkit-launch-"
 OWNER = "owner"  # the file a live launcher holds locked
@@ -53,8 +54,7 @@ def _locked_owner(folder: str) -> Iterator[None]:
     keeps the file). An owner file made and then locked would be, for a moment, one a
     concurrent sweep could lock, taking a live launcher's folder for a dead one's."""
     making = os.path.join(folder, f".{OWNER}.making")
-    with open(making, "w") as owner:
-        fcntl.flock(owner, fcntl.LOCK_EX)
+    with holding(making):
         os.rename(making, os.path.join(folder, OWNER))
         yield
 
@@ -90,14 +90,10 @@ def _remove(folder: Path) -> None:
 
 
 def _owner_is_gone(folder: Path) -> bool:
-    try:
-        with (folder / OWNER).open("r") as owner:
-            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
-            return True
-    except FileNotFoundError:
+    holder = lock_holder(folder / OWNER)
+    if holder is LockHolder.NO_FILE:
         return _age_s(folder) > UNOWNED_AFTER_S
-    except OSError:  # held by a live launcher, or not ours to open
-        return False
+    return holder is LockHolder.NOBODY  # not a live launcher's, nor another user's
 
 
 def _age_s(folder: Path) -> float:

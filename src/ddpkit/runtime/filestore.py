@@ -25,6 +25,7 @@ from pathlib import Path
 
 from torch.distributed import FileStore, Store
 
+from ddpkit._core.filelock import LockHolder, lock_holder
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit.errors import ConfigError, RendezvousError
 
@@ -116,19 +117,8 @@ def holders_alive(path: str) -> bool | None:
         >>> holders_alive("/tmp/no-such-store")
         False
     """
-    try:
-        descriptor = os.open(path + LOCK_SUFFIX, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:  # no flock on this file system
-        return None
-    finally:
-        os.close(descriptor)
+    holder = lock_holder(path + LOCK_SUFFIX)
+    return None if holder is LockHolder.UNKNOWN else holder is LockHolder.LIVE_PROCESS
 
 
 class _NoFlock(Exception):

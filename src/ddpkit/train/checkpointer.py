@@ -39,7 +39,6 @@ from ddpkit._core.protocol import SAVE_AT_STEP_ENV, RecordKind
 from ddpkit.checkpoint.background import (
     BackgroundWriter,
     snapshot,
-    tensor_bytes,
     wait_for_writes,
 )
 from ddpkit.checkpoint.files import Position, parse_name
@@ -54,6 +53,7 @@ from ddpkit.parallel.strategy import strategy_of, unwrap_model
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.session import current_world
+from ddpkit.runtime.tensortree import tensor_bytes
 from ddpkit.train.options import CheckpointOptions
 from ddpkit.train.progress import EpochProgress, loader_generator_state
 from ddpkit.train.state import upgrade

@@ -90,9 +90,9 @@ def test_a_sweep_while_a_launcher_makes_its_folder_never_takes_it(
             swept.extend(sweep_dead_launchers(str(tmp_path)))
         real_flock(file, operation)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(module.fcntl, "flock", sweep_then_lock)
+    monkeypatch.setattr(fcntl, "flock", sweep_then_lock)
     with module.launch_folder() as folder:
         assert swept == [] and os.path.isdir(folder), swept
-        monkeypatch.setattr(module.fcntl, "flock", real_flock)
+        monkeypatch.setattr(fcntl, "flock", real_flock)
         assert sweep_dead_launchers(str(tmp_path)) == [] and os.path.isdir(folder)
     assert not os.path.exists(folder)

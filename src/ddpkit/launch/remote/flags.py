@@ -20,14 +20,14 @@ from collections.abc import Sequence
 
 from ddpkit._core.protocol import DEFAULT_MASTER_PORT
 from ddpkit.errors import ConfigError
+from ddpkit.launch.quickparse import spellings_of
 from ddpkit.launch.remote.hostfile import Host, load_hostfile, parse_hosts
 from ddpkit.launch.remote.job import RemotePlan, Script, forwarded_environment
 from ddpkit.launch.remote.ssh import Ssh, run_on_hosts
 
 # Filled in per host, so not passed on as given (each takes a value).
-_PER_HOST = {"--hosts", "--hostfile", "--env", "--remote-python", "--ssh-config", "--nnodes",
-             "--node-rank", "--node_rank", "--master-port", "--master_port", "--nproc",
-             "--nproc-per-node", "--nproc_per_node"}  # fmt: skip
+_PER_HOST = {"--hosts", "--hostfile", "--env", "--remote-python", "--ssh-config", "--node-rank",
+             "--node_rank", *spellings_of("nnodes", "master_port", "nproc_per_node")}  # fmt: skip
 # Where the nodes meet is the first host: a rendezvous given as well contradicts it.
 _MEETING = ("master", "master_addr", "rdzv_endpoint", "rdzv_backend", "rdzv_id", "standalone")
 
