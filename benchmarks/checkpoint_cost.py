@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from ddpkit.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from ddpkit._core.atomicfile import atomic_write
+from ddpkit.checkpoint import load_checkpoint, save_checkpoint
 from ddpkit.checkpoint.integrity import content_digest
 from ddpkit.runtime.callbacks import Callback
 

@@ -123,7 +123,7 @@ def _descendants(pid: int) -> list[int]:
 def fault_tolerant() -> dict[str, float]:
     env = {**os.environ, "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}  # as each plain rank's
     lighthouse = Process(
-        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-ms", "1000"), env
+        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-timeout", "1"), env
     )
     lighthouse.wait_for(lambda: any("TORCHFT_LIGHTHOUSE=" in line for _, line in lighthouse.lines))
     said = next(line for _, line in lighthouse.lines if "TORCHFT_LIGHTHOUSE=" in line)
@@ -210,7 +210,7 @@ def efficiency_of_groups(every: float) -> tuple[int, int]:
     and started again at once: (batches committed, batches computed)."""
     env = {**os.environ, "RUST_LOG": "warn", "OMP_NUM_THREADS": "1"}
     lighthouse = Process(
-        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-ms", "1000"), env
+        ddpkit("lighthouse", "--bind", "127.0.0.1:0", "--heartbeat-timeout", "1"), env
     )
     lighthouse.wait_for(lambda: any("TORCHFT_LIGHTHOUSE=" in line for _, line in lighthouse.lines))
     said = next(line for _, line in lighthouse.lines if "TORCHFT_LIGHTHOUSE=" in line)

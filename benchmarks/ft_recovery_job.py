@@ -33,7 +33,7 @@ def main() -> None:
     data = TensorDataset(torch.randn(96, 16, generator=generator),
                          torch.randint(0, 4, (96,), generator=generator))  # fmt: skip
     model = ddpkit.prepare_model(Net())
-    groups = ddpkit.ReplicaGroups(timeout_s=10) if mode == "ft" else None
+    groups = ddpkit.ReplicaGroups(timeout=10) if mode == "ft" else None
     if groups is not None:
         batches, options = groups.batches(data, batch_size=4, seed=0), {"replica_groups": groups}
     else:

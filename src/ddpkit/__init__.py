@@ -107,12 +107,20 @@ _LAZY = {
 }
 
 
+# Public names that moved or went, each answered with what replaced it.
+_REMOVED = {"export_checkpoint": "ddpkit.checkpoint.export_checkpoint (an offline tool)"}
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         # ddpkit.checkpoint, ddpkit.reporting, ...: a submodule asked for as an attribute.
         if name in ("checkpoint", "reporting"):
             return importlib.import_module(f"ddpkit.{name}")
+        if name in _REMOVED:  # an error naming the replacement, an AttributeError too
+            from ddpkit._core.renamed import removed_name
+
+            raise removed_name("ddpkit", name, _REMOVED[name])
         raise AttributeError(f"module 'ddpkit' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next look-up is a plain attribute

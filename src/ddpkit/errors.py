@@ -36,6 +36,18 @@ class ConfigError(DdpkitError, ValueError):
     """
 
 
+class RemovedNameError(ConfigError, AttributeError):
+    """A public name ddpkit removed, asked for: the error names what replaced it (an
+    ``AttributeError`` too, so ``hasattr`` and ``getattr(..., default)`` work as before).
+
+    Example:
+        >>> raise RemovedNameError("ddpkit.x was removed: use ddpkit.checkpoint.x")
+        Traceback (most recent call last):
+        ...
+        ddpkit.errors.RemovedNameError: ddpkit.x was removed: use ddpkit.checkpoint.x
+    """
+
+
 class UnsafeFolderError(ConfigError):
     """A folder ddpkit would load code from (compiled kernels) can be written by someone
     else: another owner, or write permission for its group or for everyone. Never loaded.

@@ -34,7 +34,7 @@ def start_lighthouse(port: int = 0, min_groups: int = 1, host: VirtualHost | Non
     alone would leave it waiting in an exchange the second never joins)."""
     bind = f"{host.address if host else '127.0.0.1'}:{port}"
     command = [sys.executable, "-m", "ddpkit", "lighthouse", "--bind", bind,
-               "--heartbeat-ms", "1000", "--min-groups", str(min_groups)]  # fmt: skip
+               "--heartbeat-timeout", "1", "--min-groups", str(min_groups)]  # fmt: skip
     command = host.command(*command) if host else command
     server = subprocess.Popen(command, cwd=REPO, text=True, stderr=subprocess.PIPE)
     assert server.stderr is not None

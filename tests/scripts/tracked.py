@@ -1,6 +1,6 @@
 """A job that logs to MLflow and W&B, slow enough (0.1 s a step) to be killed mid-run:
 ``ddpkit run --nproc 2 tracked.py CHECKPOINT_DIR WANDB_DIR`` with MLFLOW_TRACKING_URI set.
-4 epochs of 5 steps, a checkpoint every 3 steps; points are sent at once (flush_every_s=0),
+4 epochs of 5 steps, a checkpoint every 3 steps; points are sent at once (flush_every=0),
 so a killed job leaves points after its last checkpoint in the trackers; the CSV in
 CHECKPOINT_DIR/../logs is what a tracker that lost points is filled in from."""
 
@@ -27,9 +27,9 @@ model = ddpkit.prepare_model(torch.nn.Linear(6, 3))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 params = {"lr": 0.05, "model": "linear"}
 loggers = [
-    ddpkit.MLflowLogger(experiment="tracked", params=params, flush_every_s=0),
+    ddpkit.MLflowLogger(experiment="tracked", params=params, flush_every=0),
     ddpkit.WandbLogger(project="tracked", mode="offline", dir=wandb_dir, params=params,
-                       flush_every_s=0),
+                       flush_every=0),
 ]  # fmt: skip
 trainer = ddpkit.Trainer(
     model, optimizer, torch.nn.functional.cross_entropy, checkpoint_dir=checkpoints,

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import ddpkit
+from ddpkit.errors import RemovedNameError
 from ddpkit.train.options import CheckpointOptions, LogOptions, LoopKeywords, LoopOptions
 
 PUBLIC_NAMES = {
@@ -58,7 +59,7 @@ STRATEGY_OPTIONS = {
     "FSDPStrategy": ["units", "mixed_precision", "reshard_after_forward"],
     "HSDPStrategy": ["units", "mixed_precision", "reshard_after_forward", "shard_size"],
     "ActivationCheckpointing": ["blocks", "every"],
-    "ReplicaGroups": ["group", "lighthouse", "min_groups", "timeout_s", "quorum_retries",
+    "ReplicaGroups": ["group", "lighthouse", "min_groups", "timeout", "quorum_retries",
                       "bucket_cap_mb"],
 }  # fmt: skip
 
@@ -98,6 +99,22 @@ def test_offline_tools_live_in_their_subpackage() -> None:
 
     assert "export_checkpoint" in ddpkit.checkpoint.__all__ and "export_checkpoint" not in dir(
         ddpkit
+    )
+
+
+def test_a_removed_name_answers_with_its_replacement_and_is_still_an_attribute_error() -> None:
+    with pytest.raises(RemovedNameError, match=r"ddpkit.export_checkpoint was removed: use "
+                       r"ddpkit.checkpoint.export_checkpoint"):  # fmt: skip
+        ddpkit.export_checkpoint  # noqa: B018
+    assert not hasattr(ddpkit, "export_checkpoint")  # hasattr sees an AttributeError
+
+
+def test_the_checkpoint_package_exports_only_what_users_call() -> None:
+    import ddpkit.checkpoint
+
+    assert {"atomic_write", "INVALID_SUFFIX"}.isdisjoint(ddpkit.checkpoint.__all__)
+    assert {"save_checkpoint", "load_checkpoint", "checkpoint_folder"} <= set(
+        ddpkit.checkpoint.__all__
     )
 
 

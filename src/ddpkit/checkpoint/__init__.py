@@ -15,10 +15,8 @@ Example:
     Position(epoch=1, step=None)
 """
 
-from ddpkit._core.atomicfile import atomic_write
 from ddpkit.checkpoint.export import ExportResult, export_checkpoint
 from ddpkit.checkpoint.files import (
-    INVALID_SUFFIX,
     Position,
     checkpoint_name,
     latest_checkpoint,
@@ -31,12 +29,12 @@ from ddpkit.checkpoint.files import (
 from ddpkit.checkpoint.redirect import resolve_checkpoint_dir
 from ddpkit.checkpoint.storage import CheckpointFolder, checkpoint_folder
 
+# What users call: the file API, a run's folder, the export tool, and the folder a tool may
+# redirect checkpoints to (examples/imagenet.py).
 __all__ = [
-    "INVALID_SUFFIX",
     "CheckpointFolder",
     "ExportResult",
     "Position",
-    "atomic_write",
     "checkpoint_folder",
     "checkpoint_name",
     "export_checkpoint",

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpkit._core.protocol import FT_GROUP_ENV, LIGHTHOUSE_ENV
+from ddpkit._core.renamed import renamed_keywords
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.base import checked_options, option_text
 from ddpkit.parallel.options import bounded
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 DEFAULT_CAP_MB = 25.0  # DDP's own default bucket size
 
 
+@renamed_keywords({"timeout_s": "timeout"}, removed_in="0.3")
 @checked_options
 @dataclass(repr=False, kw_only=True, eq=False)
 class ReplicaGroups:
@@ -46,7 +48,7 @@ class ReplicaGroups:
 
     ``group``: this replica group's number (default ``DDPKIT_FT_GROUP``); ``lighthouse``: the
     torchft lighthouse's address (default ``TORCHFT_LIGHTHOUSE``); ``min_groups``: the fewest
-    groups a step may be taken with; ``timeout_s``: how long one exchange or quorum may take;
+    groups a step may be taken with; ``timeout``: seconds one exchange or quorum may take;
     ``quorum_retries``: quorum attempts before a group gives up (a lighthouse outage);
     ``bucket_cap_mb``: the largest bucket the gradients cross between groups in (25 MB). The
     groups start from identical weights (seeded alike, as ``ddpkit.init(seed=...)`` does),
@@ -63,7 +65,7 @@ class ReplicaGroups:
     group: str | None = None
     lighthouse: str | None = None
     min_groups: int = bounded(1, least=1, means="groups")
-    timeout_s: float = bounded(30.0, above=0, means="seconds")
+    timeout: float = bounded(30.0, above=0, means="seconds")
     quorum_retries: int = bounded(3, least=0)
     bucket_cap_mb: float | None = bounded(None, above=0, means="MB")
 
@@ -166,7 +168,7 @@ class ReplicaGroups:
             cap_mb = self.bucket_cap_mb if self.bucket_cap_mb is not None else DEFAULT_CAP_MB
             self._manager = GroupManager(
                 self.name(), self.address(), current_world(), min_groups=self.min_groups,
-                timeout_s=self.timeout_s, retries=self.quorum_retries,
+                timeout=self.timeout, retries=self.quorum_retries,
                 cap_bytes=int(cap_mb * 2**20),
             )  # fmt: skip
             if self._dealer is not None:

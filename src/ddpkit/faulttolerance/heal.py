@@ -93,15 +93,18 @@ class HealTransport(heal_transport_base()):  # type: ignore[misc]  # torchft's, 
         return state
 
 
-def serve_lighthouse(bind: str, min_groups: int, heartbeat_ms: int, join_ms: int) -> Any:
+def serve_lighthouse(
+    bind: str, min_groups: int, heartbeat_timeout: float, join_timeout: float
+) -> Any:
     """torchft's lighthouse, serving in this process until ``.shutdown()``; ``.address()``
-    says where.
+    says where. The timeouts are in seconds (torchft takes milliseconds).
 
     Example::
 
-        server = serve_lighthouse("127.0.0.1:0", min_groups=2, heartbeat_ms=1000, join_ms=1000)
+        server = serve_lighthouse("127.0.0.1:0", 2, heartbeat_timeout=1.0, join_timeout=1.0)
     """
     from torchft.coordination import LighthouseServer
 
+    join_ms, heartbeat_ms = round(join_timeout * 1000), round(heartbeat_timeout * 1000)
     return LighthouseServer(bind=bind, min_replicas=min_groups, join_timeout_ms=join_ms,
                             heartbeat_timeout_ms=heartbeat_ms)  # fmt: skip

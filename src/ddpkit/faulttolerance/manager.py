@@ -11,7 +11,7 @@ the run's whole state from a live peer (:mod:`~ddpkit.faulttolerance.heal`).
 Example::
 
     manager = GroupManager("0", "http://10.0.0.1:29510", world, min_groups=1,
-                           timeout_s=30.0, retries=3, cap_bytes=25 << 20)
+                           timeout=30.0, retries=3, cap_bytes=25 << 20)
     manager.attach(run); manager.start()
     if manager.average_and_vote(model): optimizer.step()
 """
@@ -70,42 +70,42 @@ class GroupManager:
 
     Example::
 
-        manager = GroupManager("0", "http://h:29510", world, min_groups=1, timeout_s=30.0,
+        manager = GroupManager("0", "http://h:29510", world, min_groups=1, timeout=30.0,
                                retries=3, cap_bytes=25 << 20)
         manager.attach(run); manager.start()
         if manager.average_and_vote(model): optimizer.step()
     """
 
     def __init__(
-        self, group: str, lighthouse: str, world: World, *, min_groups: int, timeout_s: float,
+        self, group: str, lighthouse: str, world: World, *, min_groups: int, timeout: float,
         retries: int, cap_bytes: int,
     ) -> None:  # fmt: skip
         torchft = import_torchft()
         self.group, self.lighthouse = group, lighthouse
         self.rank, self.size = world.rank, world.world_size  # within the group
-        self.timeout_s, self.retries = timeout_s, retries
-        timeout = timedelta(seconds=timeout_s)
-        pg = torchft.ProcessGroupGloo(timeout=timeout) if world.device.type == "cpu" else (
-            torchft.ProcessGroupNCCL(timeout=timeout))  # fmt: skip
+        self.timeout, self.retries = timeout, retries
+        limit = timedelta(seconds=timeout)
+        pg = torchft.ProcessGroupGloo(timeout=limit) if world.device.type == "cpu" else (
+            torchft.ProcessGroupNCCL(timeout=limit))  # fmt: skip
         from ddpkit.faulttolerance.heal import HealTransport
 
-        self.transport = HealTransport(timeout)
+        self.transport = HealTransport(limit)
         # Where the groups meet: an address the others reach, not the group's own store
         address = meeting_address(lighthouse)
         if world.device.type == "cpu":
             check_gloo_interface(lighthouse, address)
-        self._store, store_port = exchange_store(world, address, timeout)
+        self._store, store_port = exchange_store(world, address, limit)
         try:
             self.manager = torchft.Manager(
                 pg=pg, load_state_dict=None, state_dict=None, min_replica_size=min_groups,
                 checkpoint_transport=self.transport, store_addr=address, store_port=store_port,
                 replica_id=f"ddpkit_group_{self.group}", lighthouse_addr=lighthouse,
-                rank=world.rank, world_size=world.world_size, timeout=timeout,
-                quorum_timeout=timeout, connect_timeout=timeout,
+                rank=world.rank, world_size=world.world_size, timeout=limit,
+                quorum_timeout=limit, connect_timeout=limit,
                 quorum_retries=retries, init_sync=False,
             )  # fmt: skip
         except RuntimeError as err:
-            said = f"within {timeout_s:g} s: {err}"
+            said = f"within {self.timeout:g} s: {err}"
             raise ConfigError(f"replica group {self.group} could not reach the lighthouse at "
                               f"{lighthouse} {said}") from err  # fmt: skip
         # torchft's servers (the manager's, the heal transport's) stop when the process ends,
@@ -162,9 +162,9 @@ class GroupManager:
         except TimeoutError as err:  # torchft gave up on the quorum, retries included
             raise RendezvousError(
                 f"replica group {self.group}: no quorum at the lighthouse {self.lighthouse} "
-                f"within {self.timeout_s:g} s, {self.retries} retries included ({err}); is the "
+                f"within {self.timeout:g} s, {self.retries} retries included ({err}); is the "
                 "lighthouse running? A longer outage needs a larger "
-                "ReplicaGroups(timeout_s=...)"
+                "ReplicaGroups(timeout=...)"
             ) from err
         return None if rank is None else int(rank)
 

@@ -18,7 +18,7 @@ logs, the same points at the same steps, to one tracker run per job:
   ``ddpkit/global_batch``, ``ddpkit/strategy``, ``ddpkit/precision``, ...) are logged once;
   a resumed job whose facts changed (another world size) records the new value under
   ``ddpkit/<fact> at step <N>`` (names a tracker accepts: MLflow refuses ``@``);
-- points are sent in batches, every ``flush_every_s`` seconds and at each checkpoint, so a
+- points are sent in batches, every ``flush_every`` seconds and at each checkpoint, so a
   slow tracker does not slow the steps; a tracker that fails mid-run is warned about and its
   points kept for the next try; one that cannot be reached at the start is an error.
 
@@ -39,12 +39,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ddpkit._core.log import logger
+from ddpkit._core.renamed import renamed_keywords
 from ddpkit.errors import ConfigError
 from ddpkit.observe.wandbfiles import logged_config, logged_steps
 
 Point = tuple[str, float, int, float]  # tag, value, step, wall time (s)
 
 
+@renamed_keywords({"flush_every_s": "flush_every"}, removed_in="0.3")
 class Tracker:
     """What every tracker logger shares: skipping the steps the run already holds, batching,
     the facts and hyperparameters once. Subclasses open, send and finish.
@@ -65,9 +67,9 @@ class Tracker:
     name: ClassVar[str] = "tracker"
     hint: ClassVar[str] = "check the tracker's settings"  # what to do when it cannot start
 
-    def __init__(self, params: Mapping[str, Any] | None = None, flush_every_s: float = 5.0):
+    def __init__(self, params: Mapping[str, Any] | None = None, flush_every: float = 5.0):
         self.params = dict(params or {})
-        self.flush_every_s = flush_every_s
+        self.flush_every = flush_every
         self.run_id: str | None = None
         self._held: dict[str, int] = {}  # per metric: the highest step the run already holds
         self._floor = -1  # the highest step it holds for every metric (W&B online)
@@ -114,12 +116,12 @@ class Tracker:
             self.flush()
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
-        """Queue one point per metric at ``step``; sent within ``flush_every_s`` seconds."""
+        """Queue one point per metric at ``step``; sent within ``flush_every`` seconds."""
         now = time.time()
         for tag, value in metrics.items():
             if step > max(self._held.get(tag, -1), self._floor):
                 self._pending.append((tag, scalar(value), step, now))
-        if time.monotonic() - self._sent_at >= self.flush_every_s:
+        if time.monotonic() - self._sent_at >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
@@ -161,6 +163,7 @@ class Tracker:
         """Mark the run ended."""
 
 
+@renamed_keywords({"flush_every_s": "flush_every"}, removed_in="0.3")
 class MLflowLogger(Tracker):
     """An MLflow run per job on ``tracking_uri`` (default: ``MLFLOW_TRACKING_URI``, else
     ``./mlruns``), in ``experiment`` (default: ``MLFLOW_EXPERIMENT_NAME``, else "ddpkit").
@@ -181,9 +184,9 @@ class MLflowLogger(Tracker):
         experiment: str | None = None,
         run_name: str | None = None,
         params: Mapping[str, Any] | None = None,
-        flush_every_s: float = 5.0,
+        flush_every: float = 5.0,
     ) -> None:
-        super().__init__(params, flush_every_s)
+        super().__init__(params, flush_every)
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         self.experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "ddpkit"
         self.run_name = run_name
@@ -241,6 +244,7 @@ class MLflowLogger(Tracker):
         self._client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
+@renamed_keywords({"flush_every_s": "flush_every"}, removed_in="0.3")
 class WandbLogger(Tracker):
     """A Weights & Biases run per job in ``project`` (default: ``WANDB_PROJECT``, else
     "ddpkit"); ``mode`` "online", "offline" (sync later with ``wandb sync``) or None
@@ -263,9 +267,9 @@ class WandbLogger(Tracker):
         dir: str | os.PathLike[str] | None = None,
         run_name: str | None = None,
         params: Mapping[str, Any] | None = None,
-        flush_every_s: float = 5.0,
+        flush_every: float = 5.0,
     ) -> None:
-        super().__init__(params, flush_every_s)
+        super().__init__(params, flush_every)
         self.project = project or os.environ.get("WANDB_PROJECT") or "ddpkit"
         self.mode, self.dir, self.run_name = mode, dir, run_name
         self._run: Any = None

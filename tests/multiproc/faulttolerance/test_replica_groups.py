@@ -223,7 +223,7 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
     monkeypatch.setenv("MASTER_PORT", str(store.port))
     world = type("World", (), {"rank": 0, "world_size": 1, "device": torch.device("cpu")})()
-    groups = GroupManager("0", address, world, min_groups=1, timeout_s=2, retries=0,
+    groups = GroupManager("0", address, world, min_groups=1, timeout=2, retries=0,
                           cap_bytes=1 << 20)  # fmt: skip
     try:
         groups.start()

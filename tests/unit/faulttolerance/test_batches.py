@@ -84,7 +84,7 @@ def group(job: Job, index: int) -> tuple[ReplicaBatches, torch.nn.Module, Replic
     manager.buckets = Buckets(cap_bytes=2**20)
     manager.rank, manager.size, manager._started, manager.votes = 0, 1, True, 0
     manager._run = None
-    manager.timeout_s, manager.retries, manager.lighthouse = 1.0, 0, "http://h:1"
+    manager.timeout, manager.retries, manager.lighthouse = 1.0, 0, "http://h:1"
     manager.transport = type("Transport", (), {"last_heal": None})()
     groups = ReplicaGroups(group=str(index), lighthouse="http://h:1")
     groups._manager = manager  # as the loop's start would have made it

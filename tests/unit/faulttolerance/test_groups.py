@@ -68,8 +68,8 @@ def test_the_group_and_the_lighthouse_are_asked_for(monkeypatch) -> None:
 
 
 def test_the_options_are_checked_named_and_shown_where_they_differ() -> None:
-    with pytest.raises(ConfigError, match=r"timeout_s takes a number > 0 \(seconds\)"):
-        ReplicaGroups(timeout_s=0)
+    with pytest.raises(ConfigError, match=r"timeout takes a number > 0 \(seconds\)"):
+        ReplicaGroups(timeout=0)
     with pytest.raises(ConfigError, match=r"min_groups takes an integer >= 1"):
         ReplicaGroups(min_groups=0)
     with pytest.raises(ConfigError, match="ReplicaGroups takes its options by name"):
@@ -93,7 +93,7 @@ def test_an_unreachable_lighthouse_is_named_with_its_address(monkeypatch) -> Non
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # the group's store, as ddpkit run sets it
     monkeypatch.setenv("MASTER_PORT", str(store.port))
-    groups = ReplicaGroups(group="0", lighthouse="http://127.0.0.1:1", timeout_s=2)
+    groups = ReplicaGroups(group="0", lighthouse="http://127.0.0.1:1", timeout=2)
     said = r"could not reach the lighthouse at http://127.0.0.1:1 within 2 s"
     with pytest.raises(ConfigError, match=said):
         started(groups)
@@ -190,7 +190,7 @@ def real_lighthouse() -> Any:
     pytest.importorskip("torchft")
     from ddpkit.faulttolerance.heal import serve_lighthouse
 
-    server = serve_lighthouse("127.0.0.1:0", min_groups=1, heartbeat_ms=500, join_ms=100)
+    server = serve_lighthouse("127.0.0.1:0", min_groups=1, heartbeat_timeout=0.5, join_timeout=0.1)
     yield server
     server.shutdown()
 
@@ -223,7 +223,7 @@ def test_quorum_numbers_are_renumbered_on_torchfts_real_manager(
         return given[-1][1]
 
     monkeypatch.setattr(QuorumNumbers, "renumber", noted)
-    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout_s=10)
+    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout=10)
     try:
         groups.start()
         assert groups.position() == 0
@@ -286,7 +286,7 @@ def test_torchfts_manager_is_shut_down_with_the_run(
     which would drop it): run, it stops the manager's server, whose port then refuses."""
     from urllib.parse import urlsplit
 
-    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout_s=10)
+    groups = groups_at(real_lighthouse.address(), monkeypatch, timeout=10)
     where = urlsplit(groups.manager._manager.address())
     assert _serving(where.port)
     assert groups.close.alive and groups.close.atexit  # at the process's end at the latest

@@ -60,11 +60,11 @@ class Memory(Tracker):
 
 
 def test_a_resumed_run_skips_the_steps_it_holds_and_sends_the_rest() -> None:
-    first = Memory(flush_every_s=0)
+    first = Memory(flush_every=0)
     first.start(None, step=0)
     for step in range(1, 8):
         first.log({"train/loss": 1.0 / step}, step)  # killed after step 7; checkpoint at 5
-    again = Memory(flush_every_s=0)
+    again = Memory(flush_every=0)
     again.start(first.run_id, step=5)
     for step in range(6, 11):
         again.log({"train/loss": 1.0 / step, "epoch/loss": 0.1}, step)
@@ -75,7 +75,7 @@ def test_a_resumed_run_skips_the_steps_it_holds_and_sends_the_rest() -> None:
 
 
 def test_points_a_failed_send_kept_go_at_the_next_flush(caplog: pytest.LogCaptureFixture) -> None:
-    tracker = Memory(fail_sends=1, flush_every_s=3600)
+    tracker = Memory(fail_sends=1, flush_every=3600)
     tracker.start(None, step=0)
     tracker.log({"train/loss": 0.5}, 1)
     tracker.flush()
@@ -86,10 +86,10 @@ def test_points_a_failed_send_kept_go_at_the_next_flush(caplog: pytest.LogCaptur
 
 
 def test_points_the_tracker_lost_are_filled_in_from_the_csv_rows() -> None:
-    tracker = Memory(flush_every_s=0)
+    tracker = Memory(flush_every=0)
     tracker.start(None, step=0)
     tracker.log({"train/loss": 1.0}, 1)  # a tracker that lost steps 2 and 3 of a killed run
-    resumed = Memory(flush_every_s=0)
+    resumed = Memory(flush_every=0)
     resumed.start(tracker.run_id, step=3)
     rows = [["1", "train/loss", "1.0", "10.0"], ["3", "train/loss", "0.3", "12.0"],
             ["2", "train/loss", "0.5", "11.0"]]  # fmt: skip
@@ -137,7 +137,7 @@ def test_bad_logger_specs_are_named() -> None:
 def test_trainloop_log_reaches_the_trackers_without_a_log_dir() -> None:
     ddpkit.init(seed=0, hang_timeout=0)
     model = ddpkit.prepare_model(toy_model())
-    tracker = Memory(flush_every_s=0)
+    tracker = Memory(flush_every=0)
     state = {"model": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.1)}
     loop = ddpkit.TrainLoop(state, loggers=[tracker])
     loop.log({"custom/value": 3.0})

@@ -1,10 +1,10 @@
 """``ddpkit lighthouse`` (**experimental**): start the torchft lighthouse that the replica
 groups of a fault-tolerant job (``ReplicaGroups``) meet at, and keep it until stopped.
 
-It keeps the list of groups alive (a group that misses heartbeats for ``--heartbeat-ms`` is
+It keeps the list of groups alive (a group silent for ``--heartbeat-timeout`` seconds is
 left out of the next step) and starts each step's quorum. It prints the address to give each
 group as ``TORCHFT_LIGHTHOUSE``. A group that cannot reach it names it and gives up after its
-``timeout_s``; a short outage is ridden out (``quorum_retries``).
+``timeout``; a short outage is ridden out (``quorum_retries``).
 
 Example:
     >>> import argparse
@@ -22,7 +22,8 @@ import threading
 from typing import Any
 
 from ddpkit._core.log import command_logger
-from ddpkit._core.validate import check_positive_int
+from ddpkit._core.renamed import renamed_flag
+from ddpkit._core.validate import check_positive_int, check_seconds
 from ddpkit.errors import ConfigError
 from ddpkit.faulttolerance.manager import import_torchft
 
@@ -47,10 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
          help="where it listens (port 0: a free one; default 0.0.0.0:29510)")  # fmt: skip
     flag("--min-groups", type=int, default=1, metavar="N",
          help="the fewest replica groups a step may be taken with (default 1)")  # fmt: skip
-    flag("--heartbeat-ms", type=int, default=5000, metavar="MS",
-         help="a group silent this long is left out of the next step (default 5000)")  # fmt: skip
-    flag("--join-ms", type=int, default=1000, metavar="MS",
-         help="how long a new quorum waits for groups still joining (default 1000)")  # fmt: skip
+    flag("--heartbeat-timeout", type=float, default=5.0, metavar="S",
+         help="seconds a group may be silent before it is left out of the next step "
+         "(default 5)")  # fmt: skip
+    flag("--join-timeout", type=float, default=1.0, metavar="S",
+         help="seconds a new quorum waits for groups still joining (default 1)")  # fmt: skip
+    renamed_flag(parser, "--heartbeat-ms", "--heartbeat-timeout", per_unit=0.001, removed_in="0.3")
+    renamed_flag(parser, "--join-ms", "--join-timeout", per_unit=0.001, removed_in="0.3")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,8 +64,10 @@ def main(args: argparse.Namespace) -> int:
 
         main(parser.parse_args(["--bind", "127.0.0.1:0"]))
     """
-    for name in ("min_groups", "heartbeat_ms", "join_ms"):
-        check_positive_int(f"--{name.replace('_', '-')}", getattr(args, name))
+    check_positive_int("--min-groups", args.min_groups)
+    for name in ("heartbeat_timeout", "join_timeout"):
+        if check_seconds(f"--{name.replace('_', '-')}", getattr(args, name)) == 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be more than 0 seconds")
     server = _serve(args)
     port = server.address().rsplit(":", 1)[1]
     host = args.bind.rsplit(":", 1)[0].strip("[]")
@@ -80,7 +86,9 @@ def _serve(args: argparse.Namespace) -> Any:
     from ddpkit.faulttolerance.heal import serve_lighthouse
 
     try:
-        return serve_lighthouse(args.bind, args.min_groups, args.heartbeat_ms, args.join_ms)
+        return serve_lighthouse(
+            args.bind, args.min_groups, args.heartbeat_timeout, args.join_timeout
+        )
     except RuntimeError as err:
         raise ConfigError(f"the lighthouse cannot listen on {args.bind}: {err}; give another "
                           "--bind (port 0: a free one)") from err  # fmt: skip

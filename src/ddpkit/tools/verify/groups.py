@@ -30,8 +30,8 @@ from ddpkit._core.protocol import FT_GROUP_ENV, LIGHTHOUSE_ENV
 from ddpkit.faulttolerance.manager import import_torchft
 from ddpkit.tools.verify.report import Finding
 
-HEARTBEAT_MS = 5000  # no group fails here: a generous beat for a busy machine
-JOIN_MS = 60_000  # the first quorum waits for every group to start (torch's import, twice)
+HEARTBEAT_TIMEOUT = 5.0  # s; no group fails here: a generous beat for a busy machine
+JOIN_TIMEOUT = 60.0  # s; the first quorum waits for every group to start (torch's import, twice)
 
 
 @contextmanager
@@ -46,7 +46,7 @@ def lighthouse(groups: int) -> Iterator[dict[str, str]]:
     import_torchft("verify --replica-groups")
     from ddpkit.faulttolerance.heal import serve_lighthouse
 
-    server = serve_lighthouse("127.0.0.1:0", groups, HEARTBEAT_MS, JOIN_MS)
+    server = serve_lighthouse("127.0.0.1:0", groups, HEARTBEAT_TIMEOUT, JOIN_TIMEOUT)
     try:
         port = server.address().rsplit(":", 1)[1]
         yield {LIGHTHOUSE_ENV: f"http://127.0.0.1:{port}"}
