@@ -101,3 +101,35 @@ def renamed_flag(
             setattr(namespace, dest, values * per_unit)
 
     parser.add_argument(old, action=Renamed, type=float, help=argparse.SUPPRESS)
+
+
+def positional_keywords(names: tuple[str, ...], *, removed_in: str) -> Callable[[Target], Target]:
+    """Decorate a class whose options are now given by name: values still given by position
+    are passed on as ``names``, in order, with a ``FutureWarning`` that writes the call out.
+
+    Example::
+
+        @positional_keywords(("blocks", "every"), removed_in="0.3")
+        class ActivationCheckpointing: ...
+        ActivationCheckpointing((Block,), 2)   # works, and warns: write (blocks=..., every=...)
+    """
+
+    def decorate(target: Any) -> Any:
+        init = vars(target)["__init__"]
+
+        @functools.wraps(init)
+        def by_name(self: Any, *args: Any, **kwargs: Any) -> None:
+            if args:
+                given = dict(zip(names, args, strict=False))
+                spelled = ", ".join(f"{name}=..." for name in given)
+                warnings.warn(f"{target.__name__} takes its options by name now: write "
+                              f"{target.__name__}({spelled}); by position goes in ddpkit "
+                              f"{removed_in}", FutureWarning, stacklevel=2)  # fmt: skip
+                kwargs = {**given, **kwargs}
+                args = args[len(names) :]
+            init(self, *args, **kwargs)
+
+        target.__init__ = by_name
+        return target
+
+    return decorate

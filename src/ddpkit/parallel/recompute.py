@@ -9,7 +9,7 @@ k-th block is its "selective by layer" mode).
 
 ``prepare_model(model, FSDPStrategy(units=(Block,)), activation_checkpointing=True)``
 checkpoints the FSDP units; ``activation_checkpointing=(Block,)`` names the classes under any
-strategy; ``activation_checkpointing=ActivationCheckpointing((Block,), every=2)`` checkpoints
+strategy; ``activation_checkpointing=ActivationCheckpointing(blocks=(Block,), every=2)`` checkpoints
 every second one. Each block is
 wrapped in torch's ``checkpoint_wrapper`` (non-reentrant ``torch.utils.checkpoint``), as
 torchtitan does: it composes with DDP, FSDP2 (the wrapper becomes the FSDP unit) and
@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from torch import nn
 
 from ddpkit._compat.checkpointing import recompute_wrapper
+from ddpkit._core.renamed import positional_keywords
 from ddpkit.errors import ConfigError
-from ddpkit.parallel.base import option_text
+from ddpkit.parallel.base import checked_options, option_text
 
 # The attribute torch's CheckpointWrapper keeps the wrapped block in.
 WRAPPED = "_checkpoint_wrapped_module"
@@ -54,21 +55,25 @@ def checkpoint_blocks(model: nn.Module, classes: Sequence[type[nn.Module]], ever
     return len(chosen)
 
 
-@dataclass(frozen=True, repr=False)
+@positional_keywords(("blocks", "every"), removed_in="0.3")
+@checked_options
+@dataclass(frozen=True, repr=False, kw_only=True)
 class ActivationCheckpointing:
     """Which blocks recompute their activations in backward instead of keeping them.
 
     ``blocks``: the module classes (empty: the FSDP or HSDP strategy's ``units``); ``every``:
     every k-th of them (1: each one; 2: every second, torchtitan's selective-by-layer).
     ``prepare_model(activation_checkpointing=...)`` also takes ``True`` (the units, every
-    one) and a tuple of classes (those, every one).
+    one) and a tuple of classes (those, every one), as a strategy's name stands for its
+    object with the defaults. Options are given by name, as a strategy's are, and checked
+    alike (a ConfigError naming the option).
 
     Example:
-        >>> ActivationCheckpointing((nn.Linear,), every=2)
+        >>> ActivationCheckpointing(blocks=(nn.Linear,), every=2)
         ActivationCheckpointing(blocks=(Linear,), every=2)
     """
 
-    blocks: Sequence[type[nn.Module]] = ()
+    blocks: tuple[type[nn.Module], ...] | type[nn.Module] = ()
     every: int = 1
 
     def __post_init__(self) -> None:
@@ -90,6 +95,15 @@ class ActivationCheckpointing:
     def __repr__(self) -> str:
         return f"ActivationCheckpointing(blocks={option_text(self.blocks)}, every={self.every})"
 
+    def classes(self) -> tuple[type[nn.Module], ...]:
+        """The block classes, as a tuple (one class may be given alone).
+
+        Example:
+            >>> ActivationCheckpointing(blocks=nn.Linear).classes()
+            (<class 'torch.nn.modules.linear.Linear'>,)
+        """
+        return self.blocks if isinstance(self.blocks, tuple) else (self.blocks,)
+
 
 def checkpointing_request(
     request: bool | Sequence[type[nn.Module]] | ActivationCheckpointing,
@@ -106,7 +120,8 @@ def checkpointing_request(
         return None
     asked = request if isinstance(request, ActivationCheckpointing) else None
     if asked is None:
-        asked = ActivationCheckpointing(() if request is True else request)  # type: ignore[arg-type]
+        blocks = () if request is True else tuple(request)  # type: ignore[arg-type]
+        asked = ActivationCheckpointing(blocks=blocks)
     if asked.blocks:
         return asked
     if not units:
@@ -115,7 +130,7 @@ def checkpointing_request(
             "none: name the block classes, e.g. activation_checkpointing=(TransformerBlock,), "
             "or give them to the strategy, e.g. FSDPStrategy(units=(TransformerBlock,))"
         )
-    return ActivationCheckpointing(tuple(units), asked.every)
+    return ActivationCheckpointing(blocks=tuple(units), every=asked.every)
 
 
 def unit_of(module: nn.Module) -> nn.Module:

@@ -85,7 +85,11 @@ def new_spelling(strategy: object, moved: dict[str, Any], recompute: object = No
     elif strategy != "ddp":
         parts.append(repr(strategy))
     if every is not None:
-        blocks = option_text(tuple(recompute)) + ", " if isinstance(recompute, list | tuple) else ""
+        blocks = (
+            f"blocks={option_text(tuple(recompute))}, "
+            if isinstance(recompute, list | tuple)
+            else ""
+        )
         parts.append(
             f"activation_checkpointing=ddpkit.ActivationCheckpointing({blocks}every={every!r})"
         )

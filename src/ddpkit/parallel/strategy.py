@@ -80,7 +80,7 @@ def prepare_model(
     beforehand is compiled again that way.
     ``activation_checkpointing`` recomputes blocks' activations in backward instead of
     keeping them: ``True`` (the strategy's FSDP units), the block classes, or
-    ``ddpkit.ActivationCheckpointing(blocks, every=2)`` (see :mod:`ddpkit.parallel.recompute`).
+    ``ddpkit.ActivationCheckpointing(blocks=blocks, every=2)`` (:mod:`ddpkit.parallel.recompute`).
     ``weights`` (a ``.safetensors`` / ``.pt`` file or a Hugging Face folder) is loaded into
     the model after wrapping; a model built on the meta device needs it, and under FSDP or
     HSDP each rank then holds and reads only its shards (see :mod:`ddpkit.parallel.weights`).
@@ -195,8 +195,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 def _checkpoint_activations(model: nn.Module, request: ActivationCheckpointing) -> None:
-    count = checkpoint_blocks(model, request.blocks, request.every)
-    names = ", ".join(c.__name__ for c in request.blocks)
+    count = checkpoint_blocks(model, request.classes(), request.every)
+    names = ", ".join(c.__name__ for c in request.classes())
     if count == 0:
         raise ConfigError(f"activation_checkpointing: the model has no {names} module to recompute")
     logger.info(f"activation checkpointing: {count} {names} block(s) recomputed in backward")

@@ -40,7 +40,7 @@ from ddpkit.train.evaluation import EvaluationParts, evaluate
 from ddpkit.train.guard import StepGuard, even_epoch, join_unless
 from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
-from ddpkit.train.precision import MixedPrecision
+from ddpkit.train.precision import MixedPrecision, check_agrees
 from ddpkit.train.progress import EpochProgress, say_already_trained
 from ddpkit.train.state import RunState
 from ddpkit.train.steps import StepOutput
@@ -108,6 +108,7 @@ class TrainLoop:
         saving, options, logging = run_options.saving, run_options.loop, run_options.logging
         self.run, self.options, self.world = run, options, current_world()
         sharded = run.strategy.sharded
+        check_agrees(options.precision, run.strategy)  # one precision, said in one place
         self.precision = MixedPrecision(options.precision, self.world.device, sharded=sharded)
         self.guard = StepGuard(options.nonfinite_loss, exchange_stops=saving.enabled)
         self.updater = Updater(run, self.precision, self.guard, options)

@@ -132,6 +132,32 @@ def _grad_scaler(device: torch.device, sharded: bool) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type)
 
 
+def check_agrees(precision: str, strategy: Any) -> None:
+    """The loop's ``precision`` and the strategy's sharding policy say one thing: the policy
+    (``FSDPStrategy(mixed_precision=)``, fixed when the model is sharded) sets what a run
+    computes in, and the loop's ``precision`` adds autocast and, for fp16, loss scaling. The
+    same precision in both, or one left at fp32, is one choice; two different 16-bit
+    precisions are refused with both named.
+
+    Example:
+        >>> class Sharded: compute_precision = "bf16"; name = "fsdp"
+        >>> check_agrees("fp32", Sharded()); check_agrees("bf16", Sharded())
+        >>> try:
+        ...     check_agrees("fp16", Sharded())
+        ... except ConfigError as err:
+        ...     print(str(err)[:63])
+        precision="fp16" and the fsdp strategy's mixed_precision="bf16"
+    """
+    policy = strategy.compute_precision
+    if precision == "fp32" or policy in (None, "fp32", precision):
+        return
+    raise ConfigError(
+        f'precision="{precision}" and the {strategy.name} strategy\'s mixed_precision='
+        f'"{policy}" disagree: one run computes in one precision. Give the same to both, '
+        f'or leave precision="fp32" (the policy alone sets it)'
+    )
+
+
 def _check_supported(precision: str, device: torch.device) -> None:
     # The name was checked with the other options; here, whether this device can run it.
     if precision == "fp16" and device.type != "cuda":

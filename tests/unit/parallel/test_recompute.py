@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import ddpkit
+from ddpkit.errors import ConfigError
 from ddpkit.parallel.fsdp import unit_modules
 from ddpkit.parallel.recompute import checkpoint_blocks, unit_of
 
@@ -69,8 +70,8 @@ def test_every_second_block_and_the_fsdp_units_they_become() -> None:
     [
         ({"activation_checkpointing": True}, "activation_checkpointing=True recomputes the FSDP "
          "units, and this strategy has none: name the block classes"),
-        ({"activation_checkpointing": ("Block",)}, "got 'Block'"),
-        ({"activation_checkpointing": ddpkit.ActivationCheckpointing((Block,), every=1)}, None),
+        ({"activation_checkpointing": ("Block",)}, "blocks takes a tuple of nn.Module classes"),
+        ({"activation_checkpointing": ddpkit.ActivationCheckpointing(blocks=(Block,))}, None),
         ({"activation_checkpointing": (nn.Conv2d,)}, "the model has no Conv2d module"),
     ],
     ids=["true-without-units", "a-name", "fine", "absent-class"],
@@ -93,7 +94,7 @@ def test_every_is_a_positive_whole_number() -> None:
             "ActivationCheckpointing(every=) must be a positive whole number (1: every block"
         ),
     ):
-        ddpkit.ActivationCheckpointing((Block,), every=0)
+        ddpkit.ActivationCheckpointing(blocks=(Block,), every=0)
 
 
 def test_true_recomputes_the_fsdp_units() -> None:
@@ -109,3 +110,15 @@ def test_every_second_of_the_fsdp_units_by_one_value() -> None:
     every_second = ddpkit.ActivationCheckpointing(every=2)  # no blocks: the strategy's units
     model = ddpkit.prepare_model(deep(), fsdp, activation_checkpointing=every_second)
     assert [i for i, m in enumerate(model) if unit_of(m) is not m] == [0, 2]
+
+
+def test_options_are_given_by_name_as_a_strategys_are() -> None:
+    with pytest.warns(
+        FutureWarning, match=r"write ActivationCheckpointing\(blocks=..., every=...\)"
+    ):
+        old = ddpkit.ActivationCheckpointing((Block,), 2)
+    assert old == ddpkit.ActivationCheckpointing(blocks=(Block,), every=2)
+    with pytest.raises(ConfigError, match="ActivationCheckpointing has no option 'evry'"):
+        ddpkit.ActivationCheckpointing(evry=2)
+    with pytest.raises(ConfigError, match="every"):
+        ddpkit.ActivationCheckpointing(blocks=(Block,), every="2")

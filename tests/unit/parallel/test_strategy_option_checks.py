@@ -81,7 +81,7 @@ def test_every_option_of_every_strategy_is_walked() -> None:
     walked = {(cls.__name__, field.name) for cls in strategy_classes()
               for field in dataclasses.fields(cls) if field.init}  # fmt: skip
     assert {("DDPStrategy", "bucket_cap_mb"), ("FSDPStrategy", "reshard_after_forward"),
-            ("HSDPStrategy", "shard_size"), ("ReplicaGroups", "timeout_s"),
+            ("HSDPStrategy", "shard_size"), ("ReplicaGroups", "timeout"),
             ("FSDPStrategy", "units"), ("FSDPStrategy", "mixed_precision")} <= walked  # fmt: skip
     assert len(CASES) >= 3 * len(walked)  # a few wrong values each
 
@@ -104,7 +104,7 @@ def test_a_wrong_value_is_refused_naming_the_option_and_the_value(
     (lambda: ddpkit.DDPStrategy(static_graph=1), "static_graph takes True or False; got 1"),
     (lambda: ddpkit.HSDPStrategy(shard_size=0), "shard_size takes an integer >= 1 (ranks)"),
     (lambda: ddpkit.FSDPStrategy(units=(int,)), "units takes a tuple of nn.Module classes"),
-    (lambda: ReplicaGroups(timeout_s=0), "timeout_s takes a number > 0 (seconds)"),
+    (lambda: ReplicaGroups(timeout=0), "timeout takes a number > 0 (seconds)"),
 ])  # fmt: skip
 def test_the_message_says_what_the_option_takes(made: Any, said: str) -> None:
     with pytest.raises(ddpkit.ConfigError, match=re.escape(said)):
@@ -116,7 +116,7 @@ def test_the_message_says_what_the_option_takes(made: Any, said: str) -> None:
     lambda: ddpkit.DDPStrategy(bucket_cap_mb=25, comm_hook="bf16", broadcast_buffers=False),
     lambda: ddpkit.FSDPStrategy(units=[torch.nn.Linear], reshard_after_forward=False),
     lambda: ddpkit.HSDPStrategy(shard_size=2, mixed_precision="bf16"),
-    lambda: ReplicaGroups(group="1", min_groups=2, timeout_s=0.5, quorum_retries=0,
+    lambda: ReplicaGroups(group="1", min_groups=2, timeout=0.5, quorum_retries=0,
                           bucket_cap_mb=4),
 ])  # fmt: skip
 def test_good_values_are_taken(made: Any) -> None:

@@ -76,7 +76,7 @@ def test_ddp_is_given_only_the_options_that_differ_from_torchs_defaults() -> Non
          "'fsdp')"),
         ("none", {"activation_checkpointing_every": 2},
          "Write prepare_model(model, 'none', activation_checkpointing=ddpkit."
-         "ActivationCheckpointing((Block,), every=2))"),
+         "ActivationCheckpointing(blocks=(Block,), every=2))"),
     ],
     ids=["mixed-precision", "units", "hsdp", "ddp", "misplaced", "every"],
 )  # fmt: skip
