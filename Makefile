@@ -18,7 +18,7 @@ OLDEST_VENV  ?= .venv-torch$(OLDEST_TORCH)
 # build a GPU user put in .venv is kept.
 LOCK        ?= constraints/test.txt
 OLDEST_LOCK ?= constraints/test-oldest.txt
-TEST_EXTRAS ?= test,mlflow,wandb,docs
+TEST_EXTRAS ?= test,mlflow,wandb,docs,hf
 LOCK_VENV   ?= .venv-lock
 NPROC       ?= 2
 TEST_WORKERS ?= 2

@@ -25,6 +25,13 @@ hand-written loop both ways, with no TrainLoop: how far the ratio strays when no
 differs, on this machine, that day (an A/A run).
 
     .venv/bin/python benchmarks/loop_parity.py --rounds 8      # about 2 minutes
+    .venv/bin/python benchmarks/loop_parity.py --workloads gpt2 --rounds 6 --with-aa
+
+``gpt2`` is a Hugging Face workload (the ``hf`` extra): transformers' ``GPT2LMHeadModel`` at a
+small config (2 layers, 64 wide, 256 byte tokens, 32 positions, 8 a batch), dict batches as a
+tokenizer's collate gives them (``input_ids``, ``attention_mask``, ``labels``), AdamW.
+``--with-aa`` runs each workload's A/A run right after its own, so a ratio is read against that
+day's spread.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from gpt import GPT, GPTConfig, load_text  # examples/ is no package
 
 Ratios = dict[str, list[float]]
 LossOf = Callable[[Any, Any], torch.Tensor]  # (model, batch) -> the step's loss
-BATCH = {"cnn": 64, "mlp": 64, "gpt": 16}  # samples per worker per step, unless --batch
+BATCH = {"cnn": 64, "mlp": 64, "gpt": 16, "gpt2": 8}  # samples per worker per step, unless --batch
 
 
 def classify(model: Any, batch: Any) -> torch.Tensor:
@@ -66,13 +73,50 @@ def workload(name: str, samples: int) -> tuple[torch.nn.Module, Dataset, LossOf,
     """The model, its data, its loss and its optimizer (given the parameters): ``cnn`` and
     ``mlp`` are parity.py's (SGD); ``gpt`` is examples/gpt.py's (byte-level, 3 blocks, dict
     batches of argparse.py's source, AdamW; ``samples`` does not apply)."""
+    adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
+    torch.manual_seed(0)
+    if name == "gpt2":
+        return (
+            hugging_face_gpt2(),
+            TokenWindows(load_text(GPT2_POSITIONS)[0]),
+            language_model,
+            adamw,
+        )
     if name != "gpt":
         sgd = functools.partial(torch.optim.SGD, lr=0.01)
         return make_model(name), make_data(name, samples), classify, sgd
-    torch.manual_seed(0)
     config = GPTConfig()
-    adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
     return GPT(config), load_text(config.block_size)[0], language_model, adamw
+
+
+GPT2_POSITIONS = 32
+
+
+def hugging_face_gpt2() -> torch.nn.Module:
+    """transformers' GPT2LMHeadModel at a small config (byte tokens), as users load one."""
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as err:
+        raise SystemExit("the gpt2 workload needs transformers: pip install -e '.[hf]'") from err
+    config = GPT2Config(vocab_size=256, n_positions=GPT2_POSITIONS, n_embd=64, n_layer=2,
+                        n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        bos_token_id=0, eos_token_id=0)  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+class TokenWindows(Dataset):
+    """A tokenizer's collate as Hugging Face gives it: ``input_ids``, ``attention_mask`` and
+    ``labels`` (the ids again: the model shifts them itself)."""
+
+    def __init__(self, windows: Dataset) -> None:
+        self.windows = windows
+
+    def __len__(self) -> int:
+        return len(self.windows)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        ids = self.windows[index]["input_ids"]
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
 
 
 class HandSteps:
@@ -179,21 +223,29 @@ def main() -> None:
     parser.add_argument("--same", action="store_true",
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip
+    parser.add_argument("--with-aa", action="store_true",
+                        help="each workload's A/A run (--same) after it")  # fmt: skip
     args = parser.parse_args()
     print(f"{args.workers} workers x 1 thread, {args.rounds} rounds of an epoch each way, a "
           "step of each in turn in the same workers")  # fmt: skip
     for name in args.workloads.split(","):
-        cfg = {"workload": name, "threads": 1, "rounds": args.rounds, "same": args.same,
-               "batch": args.batch or BATCH[name], "samples": args.samples}  # fmt: skip
-        times = ddpkit.spawn(worker, args.workers, cfg)[0]
-        hand, loop = times["hand"], times["loop"]
-        ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
-        steps = times["steps"][0]
-        print(f"{name} (batch {cfg['batch']}): TrainLoop / hand-written, median of the rounds' "
-              f"ratios "
-              f"{statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, highest "
-              f"{max(ratios):.3f}); hand {statistics.mean(hand) / steps * 1e3:.2f} ms/step, "
-              f"loop {statistics.mean(loop) / steps * 1e3:.2f} ms/step")  # fmt: skip
+        kinds = [args.same, True] if args.with_aa and not args.same else [args.same]
+        for same in kinds:
+            cfg = {"workload": name, "threads": 1, "rounds": args.rounds, "same": same,
+                   "batch": args.batch or BATCH[name], "samples": args.samples}  # fmt: skip
+            report(name, cfg, ddpkit.spawn(worker, args.workers, cfg)[0])
+
+
+def report(name: str, cfg: dict[str, Any], times: Ratios) -> None:
+    """One line: the median of the rounds' ratios, their range, each way's step time."""
+    hand, loop = times["hand"], times["loop"]
+    ratios = [mine / theirs for mine, theirs in zip(loop, hand, strict=True)]
+    steps = times["steps"][0]
+    what = "A/A: hand-written / hand-written" if cfg["same"] else "TrainLoop / hand-written"
+    print(f"{name} (batch {cfg['batch']}): {what}, median of the rounds' ratios "
+          f"{statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, highest "
+          f"{max(ratios):.3f}); hand {statistics.mean(hand) / steps * 1e3:.2f} ms/step, "
+          f"other {statistics.mean(loop) / steps * 1e3:.2f} ms/step")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Each constraint file: the extras make installs with it, and the Makefile line naming its torch.
 LOCKS = {
     "constraints/test.txt": (
-        ("test", "mlflow", "wandb", "examples"),
+        ("test", "mlflow", "wandb", "docs", "hf", "examples"),
         r"TORCH_SPEC\s*\?=\s*torch==(\S+)",
     ),
     "constraints/test-oldest.txt": (("test",), r"OLDEST_TORCH\s*\?=\s*(\S+)"),

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ddpkit.errors import CheckpointError
-from ddpkit.runtime.tensortree import map_tensors
+from ddpkit.runtime.tensortree import map_tensors, tensor_bytes
 
 
 def snapshot(value: Any) -> Any:
@@ -107,6 +107,18 @@ class BackgroundWriter:
         _writing.add(self._thread)
         self._thread.start()
         return waited
+
+    def submit_copy(self, state: Any, write: Callable[[Any], Any], what: str) -> tuple[float, int]:
+        """Copy ``state`` (:func:`snapshot`: training goes on once it is taken), then start
+        ``write(copy)`` as :meth:`submit` does; the seconds waited for the previous write and
+        the copy's bytes.
+
+        Example::
+
+            waited, size = writer.submit_copy(state, lambda copy: store.write(name, copy), name)
+        """
+        frozen = snapshot(state)
+        return self.submit(lambda: write(frozen), what), tensor_bytes(frozen)
 
     def wait(self) -> float:
         """Wait for the write in flight; the seconds waited. Raises if it failed."""

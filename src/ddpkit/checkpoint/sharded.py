@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_asyn
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ddpkit._core.atomicfile import fsync_directory
+from ddpkit.checkpoint.background import snapshot
 from ddpkit.checkpoint.files import (
     Position,
     load_checkpoint,
@@ -119,16 +120,18 @@ def start_sharded_save(
     """Collective: copy this rank's shards to CPU memory and start DCP's asynchronous save;
     returns what completes it, to run in a background thread on every rank (it waits for
     the shards, hashes this rank's share of the files, and rank 0 publishes the directory
-    as :func:`save_sharded` does). ``extra`` must be a copy training does not change.
+    as :func:`save_sharded` does). ``extra`` is copied here (:func:`snapshot`), so training
+    may change it once this returns.
 
     The background collectives (DCP's plan and the digests) go through a gloo group of
     their own, so they never interleave with the training's collectives.
 
     Example::
 
-        complete = start_sharded_save(model, [opt], frozen_extra, "runs/x", Position(2))
+        complete = start_sharded_save(model, [opt], extra, "runs/x", Position(2))
         threading.Thread(target=complete).start()   # training goes on
     """
+    extra = snapshot(extra)  # what the write holds, whatever training does meanwhile
     staging, final = _staging(Path(folder), position)
     group = _background_group()
     with _dcp_call(f"copying the sharded checkpoint {final.name} for its background write"):

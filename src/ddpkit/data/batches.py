@@ -24,28 +24,12 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 from ddpkit.errors import ConfigError
-
-
-def batches_in(loader: Any) -> int | None:
-    """How many batches ``loader`` gives, or None when it cannot say: a DataLoader over an
-    IterableDataset without ``__len__`` has a ``__len__`` that raises TypeError.
-
-    Example:
-        >>> batches_in([1, 2, 3]), batches_in(iter([1, 2]))
-        (3, None)
-    """
-    if not isinstance(loader, Sized):
-        return None
-    try:
-        return len(loader)
-    except TypeError:
-        return None
 
 
 def to_device(batch: Any, device: torch.device | str) -> Any:

@@ -298,23 +298,6 @@ def plan_batch(
     return BatchPlan(per_device, global_batch, batch_size, scaled, policy, lr_scaling)
 
 
-def set_epoch(loader: DataLoader[Any], epoch: int) -> None:
-    """Tell the loader's sampler which epoch starts, so its shuffle differs per epoch.
-
-    Example:
-        >>> import torch
-        >>> loader = DataLoader(torch.utils.data.TensorDataset(torch.zeros(2)))
-        >>> set_epoch(loader, 3)     # a plain sampler has nothing to set: no-op
-    """
-    own = getattr(loader, "set_epoch", None)  # a stream's, ReplicaBatches: it reshuffles
-    if callable(own):
-        own(epoch)
-        return
-    set_sampler_epoch = getattr(getattr(loader, "sampler", None), "set_epoch", None)
-    if callable(set_sampler_epoch):
-        set_sampler_epoch(epoch)
-
-
 def real_samples_on_rank(loader: Any) -> int | None:
     """How many of this rank's samples are real, not the sampler's padding (None: unknown).
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ddpkit.data.epochs import LoaderFacts
 from ddpkit.observe.console import Console, SetupLine
 from ddpkit.observe.profiling.profiler import RankProfiler, profile_folder
 from ddpkit.observe.profiling.spec import ProfileSpec
@@ -73,7 +74,7 @@ class RunObserver:
         self,
         step: int,
         collective: bool,
-        loader: Any,
+        loader: LoaderFacts | None,
         where: Callable[[], str],
         metrics: Mapping[str, Any],
     ) -> None:
@@ -87,7 +88,7 @@ class RunObserver:
         self.console.step_done(where, metrics)
 
     def epoch_times(
-        self, loader: Any, carry: torch.Tensor | None = None
+        self, loader: LoaderFacts | None, carry: torch.Tensor | None = None
     ) -> tuple[dict[str, float], torch.Tensor | None]:
         """The epoch's step times and memory, shared by every rank (a collective), and every
         rank's ``carry`` row gathered in the same collective (the epoch's metric sums)."""

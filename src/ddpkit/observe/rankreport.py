@@ -13,20 +13,21 @@ timed phases, the quicker steps' own work, peak memory). Rank 0 then shows the b
 - a rank whose memory peaks far above the others', once per rank.
 
 Example:
-    >>> class Loader: num_workers, pin_memory, persistent_workers, prefetch_factor = 0, 0, 0, None
-    >>> print(data_advice(Loader(), cores_per_rank=8, cuda=False))  # doctest: +ELLIPSIS
+    >>> import torch
+    >>> facts = LoaderFacts.of(torch.utils.data.DataLoader(range(4)))
+    >>> print(data_advice(facts, cores_per_rank=8, cuda=False))  # doctest: +ELLIPSIS
     the loader reads samples in the training process (num_workers=0): give it workers, ...
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 import torch
 
 from ddpkit._core.log import logger
 from ddpkit._core.system import usable_cores
+from ddpkit.data.epochs import LoaderFacts
 from ddpkit.observe.ranktimes import RankTimes, times_row
 from ddpkit.observe.steptime import StepClock
 from ddpkit.runtime.collectives import all_gather_same, is_main
@@ -64,14 +65,14 @@ class RankReport:
         self.clock.restart()
         reset_peak_memory(self.world.device)
 
-    def share(self, loader: Any, asks: bool = False) -> RankTimes | None:
+    def share(self, loader: LoaderFacts | None, asks: bool = False) -> RankTimes | None:
         """Every rank's times so far this epoch (a collective; None when the clock is off);
         rank 0 says what they show of the epoch training on ``loader``. ``asks``: this rank
         asks for a profile; :attr:`asked` is then whether any rank did (the same all-gather)."""
         return self.share_carrying(loader, None, asks)[0]
 
     def share_carrying(
-        self, loader: Any, carry: torch.Tensor | None, asks: bool = False
+        self, loader: LoaderFacts | None, carry: torch.Tensor | None, asks: bool = False
     ) -> tuple[RankTimes | None, torch.Tensor | None]:
         """:meth:`share`, the all-gather also carrying ``carry`` (a row of float64 numbers,
         the same length on every rank): every rank's, by rank, come back with the times. One
@@ -84,7 +85,7 @@ class RankReport:
         carried = gathered[:, len(own) :] if carry is not None else None
         return self._take(gathered[:, : len(own)].tolist(), loader), carried
 
-    def _take(self, rows: list[list[float]], loader: Any) -> RankTimes:
+    def _take(self, rows: list[list[float]], loader: LoaderFacts | None) -> RankTimes:
         """Every rank's shared row (its times, then whether it asks for a profile)."""
         global _warm
         self.asked = any(shared[-1] for shared in rows)
@@ -95,14 +96,14 @@ class RankReport:
         return self.latest
 
     def epoch_end(
-        self, loader: Any, carry: torch.Tensor | None = None
+        self, loader: LoaderFacts | None, carry: torch.Tensor | None = None
     ) -> tuple[dict[str, float], torch.Tensor | None]:
         """Share the epoch's times (carrying ``carry``, see :meth:`share_carrying`), say what
         they show (rank 0); return the figures and the carried rows."""
         times, carried = self.share_carrying(loader, carry)
         return ({} if times is None else times.metrics()), carried
 
-    def _say(self, times: RankTimes, loader: Any, judge_ranks: bool) -> None:
+    def _say(self, times: RankTimes, loader: LoaderFacts | None, judge_ranks: bool) -> None:
         straggler = times.straggler() if judge_ranks else None
         if straggler is not None:
             key = (straggler.rank, straggler.phase.value)
@@ -132,22 +133,23 @@ class RankReport:
         return self._hosts
 
 
-def data_advice(loader: Any, cores_per_rank: int, cuda: bool) -> str:
-    """What would feed the steps faster, given ``loader``'s settings and the cores per rank.
+def data_advice(loader: LoaderFacts | None, cores_per_rank: int, cuda: bool) -> str:
+    """What would feed the steps faster, given the loader's settings and the cores per rank.
 
     Example:
-        >>> class Loader: num_workers, pin_memory, persistent_workers, prefetch_factor = 4, 1, 1, 2
-        >>> print(data_advice(Loader(), cores_per_rank=4, cuda=True))  # doctest: +ELLIPSIS
+        >>> loader = LoaderFacts(workers=4, persistent_workers=True, pin_memory=True,
+        ...                      prefetch_factor=2, ranks_in_step=False, generator_state=None)
+        >>> print(data_advice(loader, cores_per_rank=4, cuda=True))  # doctest: +ELLIPSIS
         the loader's 4 workers use this machine's 4 cores per rank already: make each ...
     """
-    workers = getattr(loader, "num_workers", None)
-    if workers is None:
+    workers = loader.workers if loader is not None else None
+    if loader is None or workers is None:
         return ("the loader is not a DataLoader: load batches ahead of the step (a DataLoader "
                 "with num_workers) or make each sample cheaper to load")  # fmt: skip
     extras = []
-    if not getattr(loader, "persistent_workers", False):
+    if not loader.persistent_workers:
         extras.append("persistent_workers=True")
-    if cuda and not getattr(loader, "pin_memory", False):
+    if cuda and not loader.pin_memory:
         extras.append("pin_memory=True")
     tail = f", with {' and '.join(extras)}" if extras else ""
     suggest = max(1, cores_per_rank - 1)  # one core stays with the training process
@@ -159,11 +161,10 @@ def data_advice(loader: Any, cores_per_rank: int, cuda: bool) -> str:
     if workers < suggest:
         return (f"raise the loader's num_workers from {workers} (this machine has "
                 f"{_cores(cores_per_rank)} per rank){tail}")  # fmt: skip
-    prefetch = getattr(loader, "prefetch_factor", None)
     return (f"the loader's {workers} workers use this machine's {_cores(cores_per_rank)} per rank "
             "already: make each sample cheaper to load (decode or augment less, cache "
-            f"preprocessed samples), or raise prefetch_factor (now {prefetch}) when loading "
-            f"times vary{tail}")  # fmt: skip
+            f"preprocessed samples), or raise prefetch_factor (now {loader.prefetch_factor}) "
+            f"when loading times vary{tail}")  # fmt: skip
 
 
 def _cores(count: int) -> str:

@@ -130,7 +130,12 @@ class StepClock:
         if not self.enabled:
             return
         now = time.perf_counter()
-        if self.tap is None and not self._cuda:  # the host's clock alone, inline: 4 a step
+        # The host's clock alone (no profiler tap, no CUDA), written out: _record and _add
+        # are 8 calls a step, about 8 us with a real model's cold caches (~1 us a call,
+        # benchmarks/loop_parity.py), 0.1% of the parity MLP's 7.4 ms step in 1 worker (docs/
+        # benchmarks.md, 2026-11-29), where the loop's whole cost read 1.5-2%; the call count
+        # is held by tests/unit/train/test_step_path.py
+        if self.tap is None and not self._cuda:
             seconds, last = now - self._since, self._phase
             self._host[last] += seconds
             if last in WORK:

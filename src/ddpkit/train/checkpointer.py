@@ -38,7 +38,6 @@ from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.protocol import SAVE_AT_STEP_ENV, RecordKind
 from ddpkit.checkpoint.background import (
     BackgroundWriter,
-    snapshot,
     wait_for_writes,
 )
 from ddpkit.checkpoint.files import Position, parse_name
@@ -53,9 +52,8 @@ from ddpkit.parallel.strategy import strategy_of, unwrap_model
 from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.session import current_world
-from ddpkit.runtime.tensortree import tensor_bytes
 from ddpkit.train.options import CheckpointOptions
-from ddpkit.train.progress import EpochProgress, loader_generator_state
+from ddpkit.train.progress import EpochProgress
 from ddpkit.train.state import upgrade
 
 _SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
@@ -134,30 +132,35 @@ class Checkpointer:
         return due
 
     def save_here(
-        self, run: Checkpointable, progress: EpochProgress | None, loader: Any
+        self, run: Checkpointable, progress: EpochProgress | None, generator: torch.Tensor | None
     ) -> tuple[str, Position]:
         """A checkpoint where ``run`` stands: an epoch's end, or its step part-way through
-        ``progress``; told to the launcher as the newest, should the job stop. Where it is,
-        and the position.
+        ``progress``; told to the launcher as the newest, should the job stop. ``generator``:
+        the training loader's generator state now (an epoch's end keeps it for the next).
+        Where it is, and the position.
 
         Example::
 
-            path, position = checkpointer.save_here(loop, None, train_loader)
+            path, position = checkpointer.save_here(loop, None, generator_state(train_loader))
         """
         epoch, step = run.epoch, run.step
         position = Position(epoch) if progress is None else Position(epoch + 1, step)
-        path = self.save(run, position, progress, loader)
+        path = self.save(run, position, progress, generator)
         said = f"newest checkpoint {path}"
         record_failure(said, said, RecordKind.TRAINING)
         return str(path), position
 
     def save(
-        self, run: Checkpointable, position: Position, progress: EpochProgress | None, loader: Any
+        self,
+        run: Checkpointable,
+        position: Position,
+        progress: EpochProgress | None,
+        generator: torch.Tensor | None,
     ) -> str:
         """Write a checkpoint at ``position``, part-way through ``progress`` (None: after an
         epoch); a collective. Returns where it is (written, or being written)."""
         self._save_started = time.monotonic()
-        generator = loader_generator_state(loader) if progress is None else progress.generator_state
+        generator = generator if progress is None else progress.generator_state
         mine = {"rng": capture_rng(), "loader_generator": generator, "host": socket.gethostname()}
         extra = {
             "progress": progress.state_dict() if progress is not None else None,
@@ -183,9 +186,11 @@ class Checkpointer:
         if self.writer is None:
             self._write_now(state, name)
             return
-        frozen = snapshot(state)  # training goes on once the copy is taken
-        self._say_copy(tensor_bytes(frozen))
-        self._waited(self.writer.submit(lambda: self._write_now(frozen, name), name), name)
+        waited, size = self.writer.submit_copy(
+            state, lambda copy: self._write_now(copy, name), name
+        )
+        self._say_copy(size)
+        self._waited(waited, name)
 
     def _write_sharded(self, run: Checkpointable, state: dict[str, Any], where: Position) -> str:
         """Every rank writes its shards, now or (``async_save``) from a copy in the background."""
@@ -197,7 +202,7 @@ class Checkpointer:
             return name
         self._waited(self.writer.wait(), name)
         self._say_copy(sharded.shard_bytes(run.model, optimizers))
-        complete = sharded.start_sharded_save(run.model, optimizers, snapshot(state), folder, where)
+        complete = sharded.start_sharded_save(run.model, optimizers, state, folder, where)
         self.writer.submit(lambda: self._published(complete().name), name)
         return name
 
@@ -228,7 +233,7 @@ class Checkpointer:
         if self.options.keep_last is not None:
             prune(self.folder, self.options.keep_last)
 
-    def resume(self, run: Checkpointable, loader: Any) -> EpochProgress | None:
+    def resume(self, run: Checkpointable) -> EpochProgress | None:
         """Load the newest usable checkpoint into ``run`` (a collective: every rank loads the
         same one); the position in the epoch it was taken in, if any."""
         wait_for_writes()  # a run started again in this process: its last write completes
@@ -242,7 +247,7 @@ class Checkpointer:
             _check_kind(self.folder.location(name), run.model)
             state = self._load_agreed(name)
             if state is not None:
-                return self._continue_from(name, state, run, loader)
+                return self._continue_from(name, state, run)
         if candidates:
             raise CheckpointError(
                 f"none of the {len(candidates)} checkpoint(s) in {self.where} could be "
@@ -278,7 +283,7 @@ class Checkpointer:
         return self.folder.read(name, map_location=current_world().device)
 
     def _continue_from(
-        self, name: str, state: dict[str, Any], run: Checkpointable, loader: Any
+        self, name: str, state: dict[str, Any], run: Checkpointable
     ) -> EpochProgress:
         where = self.folder.location(name)
         state = upgrade(state, where)
@@ -287,7 +292,7 @@ class Checkpointer:
             _sharded().load_sharded(run.model, list(run.optimizers.values()), self._local() / name)
         run.load_state_dict(state)
         self.resumed_batch = state.get("batch")
-        progress = _restored_progress(state, int(state["epoch"]), loader, name)
+        progress = _restored_progress(state, int(state["epoch"]), name)
         position = parse_name(name)
         logger.info(
             f"resumed from {where}" + (f" ({position.describe()})" if position else "") + "; "
@@ -330,9 +335,9 @@ def _sharded() -> ModuleType:
     return importlib.import_module("ddpkit.checkpoint.sharded")
 
 
-def _restored_progress(state: dict[str, Any], epoch: int, loader: Any, name: str) -> EpochProgress:
+def _restored_progress(state: dict[str, Any], epoch: int, name: str) -> EpochProgress:
     """The first epoch to run after resuming, with this rank's generators to restore."""
-    progress = EpochProgress(epoch, loader)
+    progress = EpochProgress(epoch)
     world = current_world()
     ranks = state["ranks"]
     if not ranks:  # written before ddpkit saved random state: as it always resumed

@@ -109,8 +109,7 @@ class StepGuard:
         if not collective:
             self._skipped_in_loop = True
             return self._own_verdict(code)
-        self._waited += 1  # _is_due() written out: a call saved on every step's path
-        if self.policy == "skip" or (self.exchange_stops and self._waited >= self._due):
+        if self._is_due() or self.policy == "skip":  # counts the step, whatever the policy
             return self._exchange(code, stop_signal)
         return self._own_verdict(code) if code else _CLEAR
 
@@ -232,18 +231,17 @@ def join_unless(even: bool, model: nn.Module) -> contextlib.AbstractContextManag
 
 
 def even_epoch(
-    model: nn.Module, loader: Any, total: int | None, nonfinite_loss: NonFiniteLoss, epoch: int,
+    model: nn.Module, in_step: bool, total: int | None, nonfinite_loss: NonFiniteLoss, epoch: int,
     was_even: bool,
 ) -> bool:  # fmt: skip
     """Whether every rank has as many batches in ``epoch`` (from 0), said when an epoch turns
-    uneven (``was_even``), not every epoch. A loader whose ``ranks_in_step`` is true (a
-    stream's, ReplicaBatches) keeps the ranks in step itself.
+    uneven (``was_even``), not every epoch. A loader that keeps the ranks in step itself
+    (``in_step``: a stream's, ReplicaBatches) is even.
 
     Example::
 
-        even = even_epoch(model, loader, len(loader), "error", epoch=0, was_even=True)
+        even = even_epoch(model, facts.ranks_in_step, len(loader), "error", 0, was_even=True)
     """
-    in_step = bool(getattr(loader, "ranks_in_step", False))  # a stream's, ReplicaBatches
     spread = None if in_step else uneven_shares(model, total, nonfinite_loss)
     if spread and was_even:
         logger.info(

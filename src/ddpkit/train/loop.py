@@ -22,7 +22,8 @@ import torch
 from ddpkit._core.validate import check_positive_int
 from ddpkit.checkpoint.archives import archive_store
 from ddpkit.compiling.keptkernels import CompiledRun, kernels_for_run
-from ddpkit.data.batches import batches_in, to_device
+from ddpkit.data.batches import to_device
+from ddpkit.data.epochs import LoaderFacts, generator_state, open_epoch
 from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
@@ -126,6 +127,7 @@ class TrainLoop:
         self.clock = self.observer.clock  # where steps' time goes: the loop marks each phase
         self.setup: RunSetup | None = None  # how the run is set up, once it started
         self.loader: Any = None  # the loader of the epoch in progress
+        self._facts: LoaderFacts | None = None  # what the run asks of it, read as it opened
         self.stopped: Stop | None = None  # why the last run ended early (None: it did not)
         self._epochs, self._started = 0, False
         self._epoch_running: int | None = None  # the epoch whose body runs
@@ -146,10 +148,10 @@ class TrainLoop:
     def position(self) -> RunPosition:
         """Where the run stands: the epoch in progress (from 0) of how many, its batches done
         of how many, and whether it stopped early."""
-        progress, loader = self._progress, self.loader
+        progress = self._progress
         epoch = progress.epoch if progress is not None else self.run.epoch
         done = progress.batches if progress is not None else 0
-        total = batches_in(loader) if loader is not None else None
+        total = progress.total if progress is not None else None
         return RunPosition(epoch, max(1, self._epochs), done, total, self.stopped is not None)
 
     def epochs(self, epochs: int, loader: Iterable[Any] | None = None) -> Iterator[int]:
@@ -160,7 +162,7 @@ class TrainLoop:
         """
         check_positive_int("epochs", epochs)
         self._epochs, self._started, self.stopped = epochs, False, None
-        self._progress = self.checkpointer.resume(self, loader) if self.checkpointer else None
+        self._progress = self.checkpointer.resume(self) if self.checkpointer else None
         # Augmentation and dropout differ per rank, reproducibly (a resumed epoch: its own).
         seed_rank_streams(configured_seed(), self.world.rank)
         if loader is not None:
@@ -207,12 +209,13 @@ class TrainLoop:
                 "TrainLoop.batches(loader) runs inside 'for epoch in loop.epochs(N):'"
             )
         self._start(loader)
-        progress = EpochProgress.of(self._epoch_running, loader, resumed=self._progress)
+        progress = EpochProgress.of(self._epoch_running, resumed=self._progress)
         self._progress = progress
-        iterator = progress.batches_from(loader)  # tells the sampler the epoch
-        total = batches_in(loader)
-        self._begin_epoch(loader, total, progress)
-        return progress, iterator, total
+        opened = open_epoch(loader, progress.start())  # the one visit to data/ an epoch
+        progress.opened(opened)
+        self.loader, self._facts = loader, opened.facts
+        self._begin_epoch(opened.total, opened.facts.ranks_in_step, progress)
+        return progress, opened.batches, opened.total
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context your forward pass and loss run under (the run's ``precision``)."""
@@ -236,9 +239,7 @@ class TrainLoop:
         self.monitor.phase("optimizer step")
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
-        # _stop_signal() written out: a call saved on every step's path
-        signal = self._signals.signum if self._signals is not None else 0
-        self.updater.optimizer_step(chosen, self._even, signal)
+        self.updater.optimizer_step(chosen, self._even, self._stop_signal())
         return self.updater.stepped
 
     def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
@@ -293,7 +294,7 @@ class TrainLoop:
 
     def resume(self) -> bool:
         """Load the newest valid checkpoint now (False: there is none); ``epochs`` does it."""
-        return self.checkpointer is not None and self.checkpointer.resume(self, None) is not None
+        return self.checkpointer is not None and self.checkpointer.resume(self) is not None
 
     def _start(self, loader: Any) -> None:
         """Once per run, when the loader is known: say how it is set up, then the hooks."""
@@ -317,12 +318,11 @@ class TrainLoop:
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")
 
-    def _begin_epoch(self, loader: Any, total: int | None, progress: EpochProgress) -> None:
-        self.loader = loader
+    def _begin_epoch(self, total: int | None, in_step: bool, progress: EpochProgress) -> None:
         self.events.call("on_train_epoch_start", progress.epoch + 1)
         self.observer.epoch_started(progress.epoch, self._epochs, total, progress.batches)
         model, nonfinite = self.run.model, self.options.nonfinite_loss
-        self._even = even_epoch(model, loader, total, nonfinite, progress.epoch, self._even)
+        self._even = even_epoch(model, in_step, total, nonfinite, progress.epoch, self._even)
         self.updater.zero_grad()
 
     def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
@@ -336,8 +336,8 @@ class TrainLoop:
             self.clock.step_done()
             progress.batches = index + 1
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
-            where = functools.partial(progress.where, self._epochs, self.loader)
-            self.observer.step_done(self.run.step, self._even, self.loader, where, metrics)
+            where = functools.partial(progress.where, self._epochs)
+            self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
         self.events.call("on_train_batch_end", batch, metrics)
         if stepped:  # after the hooks: they saw the step
             self._after_step(progress, last, limit, signal)
@@ -351,7 +351,7 @@ class TrainLoop:
             self._preempt(signal, progress)
         if self.checkpointer and self.checkpointer.due_after_step(self.run.step, last, self._even):
             # never inside an uneven epoch: its ranks cannot meet there
-            self.checkpointer.save_here(self, progress, self.loader)
+            self.checkpointer.save_here(self, progress, None)  # part-way: the epoch's own
         if limit is not None:
             self._stop(limit)
 
@@ -368,18 +368,18 @@ class TrainLoop:
         if signal:
             self._preempt(signal, None)
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
-            self.checkpointer.save_here(self, None, self.loader)
+            self.checkpointer.save_here(self, None, generator_state(self.loader))
 
     def _epoch_totals(self, progress: EpochProgress) -> dict[str, float]:
         """The epoch's metrics and every rank's step times and memory: the ranks' metric sums
         travel in the all-gather that shares their times (one collective, not two)."""
-        times, rows = self.observer.epoch_times(self.loader, carry=progress.sums.local_row())
+        times, rows = self.observer.epoch_times(self._facts, carry=progress.sums.local_row())
         return {**progress.totals(rows), **times}
 
     def _preempt(self, signal: str, progress: EpochProgress | None) -> NoReturn:
         """A stop signal any rank got: every rank saves here, then leaves with 75."""
         assert self.checkpointer is not None  # stop signals are caught only with one
-        path, position = self.checkpointer.save_here(self, progress, self.loader)
+        path, position = self.checkpointer.save_here(self, progress, generator_state(self.loader))
         self._stop(preempted(signal, path, position.describe()))
 
     def _finish(self, stop: Stop | None) -> None:

@@ -91,7 +91,7 @@ class StepMonitor:
 
     def phase(self, name: str, evaluation: bool = False) -> None:
         """The current batch entered ``name`` (forward, backward, optimizer step)."""
-        if self.watchdog is not None:  # training's prefix inline: a label a phase
+        if self.watchdog is not None:
             where = "evaluation" if evaluation else self._where_training
             self.watchdog.relabel(f"{where}: {name}")
 

@@ -12,26 +12,26 @@ Example:
     ddpkit: world size 1 ...
     >>> data = torch.utils.data.TensorDataset(torch.arange(8.0))
     >>> loader = ddpkit.prepare_loader(data, batch_size=2, shuffle=False)
-    >>> progress = EpochProgress(0, loader)
+    >>> progress = EpochProgress(0)
     >>> progress.batches = 3              # three batches were done before the interruption
-    >>> [b[0].tolist() for b in progress.batches_from(loader)]
+    >>> opened = open_epoch(loader, progress.start())
+    >>> progress.opened(opened)
+    >>> [b[0].tolist() for b in opened.batches]
     [[6.0, 7.0]]
     >>> ddpkit.shutdown()
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.rngstate import restore_rng
-from ddpkit.data.batches import batch_size_of, batches_in
-from ddpkit.data.loader import ResumableDistributedSampler, set_epoch
+from ddpkit.data.batches import batch_size_of
+from ddpkit.data.epochs import EpochStart, OpenedEpoch
 from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.steps import MetricSums
@@ -44,27 +44,28 @@ class EpochProgress:
         >>> import ddpkit
         >>> _ = ddpkit.init()
         ddpkit: world size 1 ...
-        >>> EpochProgress(4, loader=[]).epoch
+        >>> EpochProgress(4).epoch
         4
         >>> ddpkit.shutdown()
     """
 
     @classmethod
-    def of(cls, epoch: int, loader: Any, resumed: EpochProgress | None) -> EpochProgress:
+    def of(cls, epoch: int, resumed: EpochProgress | None) -> EpochProgress:
         """The progress of ``epoch``: the one a resume restored when it is that epoch's."""
         if resumed is not None and resumed.epoch == epoch:
             return resumed
         # the metric names the ranks agreed on last epoch: not agreed on again unless changed
         agreed = resumed.sums.agreed if resumed is not None else None
-        return cls(epoch, loader, agreed)
+        return cls(epoch, agreed)
 
-    def __init__(self, epoch: int, loader: Any, agreed: list[str] | None = None) -> None:
+    def __init__(self, epoch: int, agreed: list[str] | None = None) -> None:
         self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
         self.batches = 0
         self.sums = MetricSums(current_world().device, agreed)
         self._loss: torch.Tensor | None = None  # the batch's losses given to backward
         self._recorded: tuple[dict[str, Any], Any] | None = None  # the batch's own metrics
-        self.generator_state = loader_generator_state(loader)  # before this epoch draws from it
+        self.generator_state: torch.Tensor | None = None  # the loader's, as the epoch began
+        self.total: int | None = None  # the epoch's batches (None: unknown, a stream's)
         self.rng: dict[str, Any] | None = None  # restored just before the first new batch
         self._elapsed_before = 0.0
         self.resumed_at: int | None = None  # the global position a resume starts the epoch at
@@ -112,39 +113,31 @@ class EpochProgress:
         self._loss, self._recorded = None, None
         return metrics
 
-    def where(self, epochs: int, loader: Any) -> str:
+    def where(self, epochs: int) -> str:
         """``epoch 1/3  batch 2/5`` (a loader without a length: ``batch 2``)."""
-        total = batches_in(loader)
+        total = self.total
         done = f"{self.batches}/{total}" if total is not None else str(self.batches)
         return f"epoch {self.epoch + 1}/{epochs}  batch {done}"
 
-    def batches_from(self, loader: Any) -> Iterator[Any]:
-        """The epoch's batches from where it stands."""
-        set_epoch(loader, self.epoch)
-        generator = getattr(loader, "generator", None)
-        if isinstance(generator, torch.Generator) and self.generator_state is not None:
-            generator.set_state(self.generator_state)
-        self._per_batch = _positions_per_batch(loader)
-        if self.resumed_at is not None and self._per_batch is None:
+    def start(self) -> EpochStart:
+        """Where this epoch starts, for :func:`~ddpkit.data.epochs.open_epoch`.
+
+        Example::
+
+            opened = open_epoch(loader, progress.start()); progress.opened(opened)
+        """
+        return EpochStart(self.epoch, self.batches, self.resumed_at, self.generator_state)
+
+    def opened(self, opened: OpenedEpoch) -> None:
+        """The epoch was opened: count from where it stands; the rank's random generators
+        restored before its first new batch."""
+        if opened.restarted:
             self._restart()  # saved with a prepare_loader loader, resumed with another kind
-        if self.resumed_at is not None:
-            iterator = self._continue_at(loader, self.resumed_at)
-        else:
-            iterator = skip_batches(loader, self.batches)
+        self.batches, self.total, self._per_batch = opened.done, opened.total, opened.per_batch
+        self._base, self.generator_state = opened.base, opened.facts.generator_state
         if self.rng is not None:
             restore_rng(self.rng)
             self.rng = None
-        return iterator
-
-    def _continue_at(self, loader: Any, position: int) -> Iterator[Any]:
-        """Deal the epoch's samples after ``position`` over this world's ranks; the batches
-        done are counted so that the epoch still ends at ``len(loader)``."""
-        sampler = loader.sampler
-        sampler.start_at(position)
-        left = sampler.remaining() / loader.batch_size
-        self.batches = len(loader) - (int(left) if loader.drop_last else math.ceil(left))
-        self._base = (position, self.batches)
-        return iter(loader)
 
     def position(self) -> int | None:
         """How many of the epoch's samples, over all ranks, are done (None: unknown, the
@@ -161,7 +154,7 @@ class EpochProgress:
             >>> import ddpkit
             >>> _ = ddpkit.init()
             ddpkit: world size 1 ...
-            >>> sorted(EpochProgress(0, loader=[]).state_dict())
+            >>> sorted(EpochProgress(0).state_dict())
             ['batches', 'elapsed_s', 'epoch', 'metric_names', 'metric_sums', 'samples']
             >>> ddpkit.shutdown()
         """
@@ -200,27 +193,6 @@ class EpochProgress:
         self.sums = MetricSums(current_world().device, self.sums.agreed)
 
 
-def _positions_per_batch(loader: Any) -> int | None:
-    """Global positions one batch of ``loader`` on every rank covers (None: not a loader
-    whose epoch can continue at a global position)."""
-    sampler = getattr(loader, "sampler", None)
-    per_batch = getattr(loader, "batch_size", None)
-    if isinstance(sampler, ResumableDistributedSampler) and per_batch:
-        return int(per_batch * sampler.num_replicas)
-    return None
-
-
-def loader_generator_state(loader: Any) -> torch.Tensor | None:
-    """The state of the loader's own random generator, or None when it has none.
-
-    Example:
-        >>> loader_generator_state([1, 2]) is None
-        True
-    """
-    generator = getattr(loader, "generator", None)
-    return generator.get_state() if isinstance(generator, torch.Generator) else None
-
-
 def only_if_finite(
     loss: torch.Tensor, metrics: dict[str, Any], samples: Any
 ) -> tuple[dict[str, Any], Any]:
@@ -235,31 +207,6 @@ def only_if_finite(
     finite = torch.isfinite(loss)
     kept = {name: torch.where(finite, value, 0.0) for name, value in metrics.items()}
     return kept, torch.where(finite, float(samples), 0.0)
-
-
-def skip_batches(loader: Any, count: int) -> Iterator[Any]:
-    """An iterator over ``loader`` that starts after its first ``count`` batches.
-
-    With ddpkit's sampler the skipped samples are never read; otherwise they are loaded and
-    dropped, which gives the same order when the loader's order is fixed for the epoch.
-
-    Example:
-        >>> list(skip_batches([10, 20, 30], 2))
-        [30]
-    """
-    start_at_batch = getattr(loader, "start_at_batch", None)
-    if callable(start_at_batch):  # it skips them itself (a stream, keeping ranks in step)
-        start_at_batch(count)
-        return iter(loader)
-    sampler = getattr(loader, "sampler", None)
-    per_batch = getattr(loader, "batch_size", None)
-    if isinstance(sampler, ResumableDistributedSampler) and per_batch:
-        sampler.start_at(count * per_batch * sampler.num_replicas)
-        count = 0  # the sampler leaves them out: nothing to read
-    iterator: Iterator[Any] = iter(loader)
-    for _ in range(count):
-        next(iterator, None)
-    return iterator
 
 
 def say_already_trained(done: int, epochs: int) -> None:

@@ -79,7 +79,7 @@ def test_the_epoch_reaches_the_dataset() -> None:
     ddpkit.init()
     try:
         loader = ddpkit.prepare_loader(Epochs([2]), batch_size=1)
-        from ddpkit.data.loader import set_epoch
+        from ddpkit.data.epochs import set_epoch
 
         set_epoch(loader, 4)
         assert seen == [4] and torch.is_tensor(next(iter(loader)))

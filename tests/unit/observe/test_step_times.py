@@ -17,6 +17,7 @@ import torch
 
 import ddpkit
 from ddpkit._core.protocol import LIVE_CONSOLE_ENV
+from ddpkit.data.epochs import LoaderFacts
 from ddpkit.observe import rankreport
 from ddpkit.observe.console import Console, format_epoch
 from ddpkit.observe.rankreport import RankReport, data_advice
@@ -200,11 +201,11 @@ class Loader:
 def test_the_data_advice_fits_the_loader_and_the_cores(
     settings: dict[str, Any], cores: int, cuda: bool, says: str
 ) -> None:
-    assert says in data_advice(Loader(**settings), cores, cuda)
+    assert says in data_advice(LoaderFacts.of(Loader(**settings)), cores, cuda)
 
 
 def test_a_loader_that_is_not_a_dataloader_gets_general_advice() -> None:
-    assert "not a DataLoader" in data_advice([1, 2], 4, False)
+    assert "not a DataLoader" in data_advice(LoaderFacts.of([1, 2]), 4, False)
 
 
 def test_the_cpu_peak_starts_again_each_epoch() -> None:
@@ -314,7 +315,7 @@ def said(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> I
         gathered.rows = rows
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="ddpkit"):
-            report.epoch_end(Loader())
+            report.epoch_end(LoaderFacts.of(Loader()))
         return [record.getMessage() for record in caplog.records]
 
     try:
@@ -385,9 +386,9 @@ def test_a_carried_row_comes_back_with_the_times_and_without_them() -> None:
     ddpkit.init()
     report = RankReport(StepClock([], torch.device("cpu")))
     carry = torch.tensor([2.0, 5.0], dtype=torch.float64)
-    times, carried = report.share_carrying(Loader(), carry)
+    times, carried = report.share_carrying(LoaderFacts.of(Loader()), carry)
     report.clock.enabled = False  # the times off: the row still travels, alone
-    no_times, alone = report.share_carrying(Loader(), carry)
+    no_times, alone = report.share_carrying(LoaderFacts.of(Loader()), carry)
     ddpkit.shutdown()
     assert times is not None and carried is not None and carried.tolist() == [[2.0, 5.0]]
     assert no_times is None and alone is not None and alone.tolist() == [[2.0, 5.0]]

@@ -10,6 +10,7 @@ import torch
 
 import ddpkit
 import ddpkit.train.guard
+from ddpkit.data.epochs import LoaderFacts
 from ddpkit.train.guard import StepGuard
 
 
@@ -98,8 +99,10 @@ def test_prepare_loaders_shards_are_taken_as_even_without_asking_the_ranks(monke
     ddpkit.init()
     try:
         prepared = ddpkit.prepare_loader(data, batch_size=4)
-        assert ddpkit.train.guard.even_epoch(model, prepared, 3, "error", 0, True) and asked == []
+        in_step = LoaderFacts.of(prepared).ranks_in_step
+        assert ddpkit.train.guard.even_epoch(model, in_step, 3, "error", 0, True) and asked == []
         plain = torch.utils.data.DataLoader(data, batch_size=4)
-        assert ddpkit.train.guard.even_epoch(model, plain, 3, "error", 0, True) and asked == [3]
+        in_step = LoaderFacts.of(plain).ranks_in_step
+        assert ddpkit.train.guard.even_epoch(model, in_step, 3, "error", 0, True) and asked == [3]
     finally:
         ddpkit.shutdown()
