@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 
 import ddpkit
 import ddpkit.checkpoint.storage
+import ddpkit.data.epochs
 
 
 def toy_dataset(n: int = 40, features: int = 6, classes: int = 3) -> TensorDataset:
@@ -54,7 +55,7 @@ def sampler_indices(n: int, epochs: int) -> list[list[int]]:
     loader = ddpkit.prepare_loader(data, batch_size=3, shuffle=True)
     seen = []
     for epoch in range(epochs):
-        ddpkit.data.loader.set_epoch(loader, epoch)
+        ddpkit.data.epochs.set_epoch(loader, epoch)
         seen.append([int(i) for (batch,) in loader for i in batch])
     return seen
 

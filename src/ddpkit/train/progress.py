@@ -14,6 +14,7 @@ Example:
     >>> loader = ddpkit.prepare_loader(data, batch_size=2, shuffle=False)
     >>> progress = EpochProgress(0)
     >>> progress.batches = 3              # three batches were done before the interruption
+    >>> from ddpkit.data.epochs import open_epoch
     >>> opened = open_epoch(loader, progress.start())
     >>> progress.opened(opened)
     >>> [b[0].tolist() for b in opened.batches]
