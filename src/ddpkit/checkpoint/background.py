@@ -49,18 +49,31 @@ def snapshot(value: Any) -> Any:
         >>> snapshot({"a": (torch.zeros(1), 3)})
         {'a': (tensor([0.]), 3)}
     """
-    copied = map_tensors(value, _copy_tensor)
+    return _sized_snapshot(value)[0]
+
+
+def _sized_snapshot(value: Any) -> tuple[Any, int]:
+    """:func:`snapshot`, and the bytes it copied: counted on the way, one walk, not two."""
+    copier = _TensorCopier()
+    copied = map_tensors(value, copier)
     if torch.cuda.is_available():
         torch.cuda.synchronize()  # the device-to-host copies were queued without waiting
-    return copied
+    return copied, copier.copied_bytes
 
 
-def _copy_tensor(tensor: torch.Tensor) -> torch.Tensor:
-    tensor = tensor.detach()
-    if tensor.device.type != "cuda":
-        return tensor.clone()
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
-    return host.copy_(tensor, non_blocking=True)
+class _TensorCopier:
+    """Copies one tensor to CPU memory (pinned, from a GPU) and counts the bytes copied."""
+
+    def __init__(self) -> None:
+        self.copied_bytes = 0
+
+    def __call__(self, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = tensor.detach()
+        self.copied_bytes += tensor_bytes(tensor)
+        if tensor.device.type != "cuda":
+            return tensor.clone()
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+        return host.copy_(tensor, non_blocking=True)
 
 
 _writing: set[threading.Thread] = set()  # every write in flight in this process
@@ -117,8 +130,8 @@ class BackgroundWriter:
 
             waited, size = writer.submit_copy(state, lambda copy: store.write(name, copy), name)
         """
-        frozen = snapshot(state)
-        return self.submit(lambda: write(frozen), what), tensor_bytes(frozen)
+        frozen, size = _sized_snapshot(state)
+        return self.submit(lambda: write(frozen), what), size
 
     def wait(self) -> float:
         """Wait for the write in flight; the seconds waited. Raises if it failed."""

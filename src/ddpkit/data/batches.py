@@ -77,6 +77,24 @@ def batch_size_of(batch: Any) -> int:
         ...
         ddpkit.errors.ConfigError: cannot tell the batch size of a dict: it holds no tensor ...
     """
+    samples = samples_in(batch)
+    if samples is None:
+        raise ConfigError(
+            f"cannot tell the batch size of a {type(batch).__name__}: it holds no tensor with "
+            "a first dimension"
+        )
+    return samples
+
+
+def samples_in(batch: Any) -> int | None:
+    """Number of samples in a batch, as :func:`batch_size_of` tells it; None where it cannot
+    (no tensor with a first dimension: the caller says what to do about it, if it needs one).
+
+    Example:
+        >>> import torch
+        >>> samples_in({"input_ids": torch.zeros(3, 8)}), samples_in(["no", "tensor"])
+        (3, None)
+    """
     kind = type(batch)
     first = None
     if (kind is tuple or kind is list) and batch:
@@ -88,10 +106,7 @@ def batch_size_of(batch: Any) -> int:
     for tensor in tensor_leaves(batch):
         if tensor.dim():
             return int(tensor.shape[0])
-    raise ConfigError(
-        f"cannot tell the batch size of a {type(batch).__name__}: it holds no tensor with a "
-        "first dimension"
-    )
+    return None
 
 
 def tensor_leaves(batch: Any) -> Iterator[torch.Tensor]:

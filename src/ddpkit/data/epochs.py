@@ -3,7 +3,8 @@ once.
 
 The loop hands the loader here once an epoch and gets back plain values: the batches (from
 the position a resume left, the sampler told the epoch, the loader's generator put back),
-how many the epoch has, and :class:`LoaderFacts` (its workers, whether it keeps the ranks in
+each as loaded and on the rank's device with its size (:meth:`OpenedEpoch.loaded`), how
+many the epoch has, and :class:`LoaderFacts` (its workers, whether it keeps the ranks in
 step, its generator's state). Nothing further down the run (the guard, the console's advice,
 the checkpoint) holds the loader itself, so a batch's trip goes down to ``data/`` once and
 comes back once.
@@ -30,10 +31,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from ddpkit.data.batches import samples_in, to_device
 from ddpkit.data.loader import ResumableDistributedSampler
 
 
@@ -106,6 +108,30 @@ class OpenedEpoch:
     base: tuple[int, int]
     restarted: bool
     facts: LoaderFacts
+
+    def loaded(self, device: torch.device) -> Iterator[Loaded]:
+        """Each batch as the loader gave it and on ``device``, with its size and whether it
+        is the epoch's last (a stream's loader tells that one batch ahead).
+
+        Example::
+
+            for batch in open_epoch(loader, start).loaded(torch.device("cpu")): ...
+        """
+        iterator, total = self.batches, self.total
+        for index, batch in enumerate(iterator, start=self.done + 1):
+            last = index == total or bool(getattr(iterator, "last", False))
+            yield Loaded(batch, to_device(batch, device), samples_in(batch), last)
+
+
+class Loaded(NamedTuple):
+    """One batch of an opened epoch: as loaded (what the hooks get), on the rank's device
+    (what the step gets), its samples (None: it holds no tensor to count them by) and
+    whether it is the epoch's last."""
+
+    batch: Any
+    on_device: Any
+    samples: int | None
+    last: bool
 
 
 def open_epoch(loader: Any, start: EpochStart) -> OpenedEpoch:

@@ -33,7 +33,7 @@ from typing import Any
 
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.redirect import resolve_log_dir
-from ddpkit.data.batches import batch_size_of
+from ddpkit.data.batches import samples_in
 from ddpkit.errors import ConfigError
 from ddpkit.observe.trackers import Tracker, scalar, tracker_from
 from ddpkit.runtime.callbacks import Callback, RunView
@@ -194,7 +194,7 @@ class ExperimentLogCallback(Callback):
             tracker.log_params({**tracker.params, **facts}, trainer.step)
 
     def on_train_batch_end(self, trainer: RunView, batch: Any, metrics: Mapping[str, Any]) -> None:
-        self._samples += batch_size_of(batch) or 0
+        self._samples += samples_in(batch) or 0  # a batch with no tensor counts none
         if trainer.step == self._step or not self._open:  # within an accumulation group
             return
         now = time.perf_counter()

@@ -53,7 +53,7 @@ from ddpkit.runtime.collectives import all_reduce_max, barrier, is_main
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.session import current_world
 from ddpkit.train.options import CheckpointOptions
-from ddpkit.train.progress import EpochProgress
+from ddpkit.train.progress import EpochProgress, PartWay
 from ddpkit.train.state import upgrade
 
 _SAY_WAIT_S = 0.05  # a save that waited this long for the previous write says so
@@ -132,10 +132,10 @@ class Checkpointer:
         return due
 
     def save_here(
-        self, run: Checkpointable, progress: EpochProgress | None, generator: torch.Tensor | None
+        self, run: Checkpointable, part_way: PartWay | None, generator: torch.Tensor | None
     ) -> tuple[str, Position]:
-        """A checkpoint where ``run`` stands: an epoch's end, or its step part-way through
-        ``progress``; told to the launcher as the newest, should the job stop. ``generator``:
+        """A checkpoint where ``run`` stands: an epoch's end, or its step ``part_way`` through
+        the epoch; told to the launcher as the newest, should the job stop. ``generator``:
         the training loader's generator state now (an epoch's end keeps it for the next).
         Where it is, and the position.
 
@@ -144,8 +144,8 @@ class Checkpointer:
             path, position = checkpointer.save_here(loop, None, generator_state(train_loader))
         """
         epoch, step = run.epoch, run.step
-        position = Position(epoch) if progress is None else Position(epoch + 1, step)
-        path = self.save(run, position, progress, generator)
+        position = Position(epoch) if part_way is None else Position(epoch + 1, step)
+        path = self.save(run, position, part_way, generator)
         said = f"newest checkpoint {path}"
         record_failure(said, said, RecordKind.TRAINING)
         return str(path), position
@@ -154,16 +154,16 @@ class Checkpointer:
         self,
         run: Checkpointable,
         position: Position,
-        progress: EpochProgress | None,
+        part_way: PartWay | None,
         generator: torch.Tensor | None,
     ) -> str:
-        """Write a checkpoint at ``position``, part-way through ``progress`` (None: after an
-        epoch); a collective. Returns where it is (written, or being written)."""
+        """Write a checkpoint at ``position``, ``part_way`` through an epoch (None: after
+        it); a collective. Returns where it is (written, or being written)."""
         self._save_started = time.monotonic()
-        generator = generator if progress is None else progress.generator_state
+        generator = generator if part_way is None else part_way.generator_state
         mine = {"rng": capture_rng(), "loader_generator": generator, "host": socket.gethostname()}
         extra = {
-            "progress": progress.state_dict() if progress is not None else None,
+            "progress": part_way.state if part_way is not None else None,
             "ranks": gather_from_ranks(mine),
             "model_signature": model_signature(unwrap_model(run.model)),
             "batch": run.setup.batch_facts() if run.setup is not None else None,

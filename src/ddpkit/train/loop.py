@@ -22,8 +22,7 @@ import torch
 from ddpkit._core.validate import check_positive_int
 from ddpkit.checkpoint.archives import archive_store
 from ddpkit.compiling.keptkernels import CompiledRun, kernels_for_run
-from ddpkit.data.batches import to_device
-from ddpkit.data.epochs import LoaderFacts, generator_state, open_epoch
+from ddpkit.data.epochs import Loaded, LoaderFacts, generator_state, open_epoch
 from ddpkit.errors import ConfigError
 from ddpkit.observe.benchreport import BenchReport
 from ddpkit.observe.explog import experiment_logs, log_metrics
@@ -182,28 +181,29 @@ class TrainLoop:
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
         """This epoch's batches of ``loader``, on the rank's device; a resumed epoch starts
         after the batches it had done. Call it inside ``for epoch in loop.epochs(N)``."""
-        progress, iterator, total = self._open_epoch(loader)
+        progress, total, loaded = self._open_epoch(loader)
         updater = self.updater  # per batch, each call costs about a microsecond (cold caches)
         with join_unless(self._even, self.run.model), self.monitor.ending():
-            fetched = self.monitor.batches(iterator, clock=self.clock)
+            fetched = self.monitor.batches(loaded, clock=self.clock)
             for index, batch in enumerate(fetched, start=progress.batches):
-                # A stream has no total; its loader tells, one step ahead, when it ends.
-                last = index + 1 == total or bool(getattr(iterator, "last", False))
-                self.events.call("on_train_batch_start", batch)
-                updater.begin(index, total, last)
-                on_device = to_device(batch, self.world.device)
+                self.events.call("on_train_batch_start", batch.batch)
+                updater.begin(index, total, batch.last)
                 self.monitor.phase("the loop body")
                 self.clock.enter(Phase.COMPUTE)
                 if updater.final:  # the group's last batch (most): no context to enter
-                    yield on_device
+                    yield batch.on_device
                 else:
                     with updater.gradient_sync():
-                        yield on_device
-                self._end_batch(progress, batch, index, last)
+                        yield batch.on_device
+                self._end_batch(progress, batch, index)
         progress.end()
 
-    def _open_epoch(self, loader: Iterable[Any]) -> tuple[EpochProgress, Iterator[Any], int | None]:
-        """The epoch's progress, its batches from where it stands, and how many it has."""
+    def _open_epoch(
+        self, loader: Iterable[Any]
+    ) -> tuple[EpochProgress, int | None, Iterator[Loaded]]:
+        """The epoch's progress, how many batches it has, and its batches from where it
+        stands (the one visit to ``data/`` an epoch); the ranks agree whether it is even,
+        and the epoch's hooks are told it started."""
         if self._epoch_running is None:
             raise ConfigError(
                 "TrainLoop.batches(loader) runs inside 'for epoch in loop.epochs(N):'"
@@ -211,11 +211,18 @@ class TrainLoop:
         self._start(loader)
         progress = EpochProgress.of(self._epoch_running, resumed=self._progress)
         self._progress = progress
-        opened = open_epoch(loader, progress.start())  # the one visit to data/ an epoch
+        opened = open_epoch(loader, progress.start())
+        loaded = opened.loaded(self.world.device)
         progress.opened(opened)
         self.loader, self._facts = loader, opened.facts
-        self._begin_epoch(opened.total, opened.facts.ranks_in_step, progress)
-        return progress, opened.batches, opened.total
+        self.events.call("on_train_epoch_start", progress.epoch + 1)
+        self.observer.epoch_started(progress.epoch, self._epochs, opened.total, progress.batches)
+        self._even = even_epoch(
+            self.run.model, opened.facts.ranks_in_step, opened.total,
+            self.options.nonfinite_loss, progress.epoch, self._even,
+        )  # fmt: skip
+        self.updater.zero_grad()
+        return progress, opened.total, loaded
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """The context your forward pass and loss run under (the run's ``precision``)."""
@@ -318,42 +325,42 @@ class TrainLoop:
         self.observer.fit_started(self.setup, saver.resumed_batch if saver else None, run.step)
         self.events.call("on_fit_start")
 
-    def _begin_epoch(self, total: int | None, in_step: bool, progress: EpochProgress) -> None:
-        self.events.call("on_train_epoch_start", progress.epoch + 1)
-        self.observer.epoch_started(progress.epoch, self._epochs, total, progress.batches)
-        model, nonfinite = self.run.model, self.options.nonfinite_loss
-        self._even = even_epoch(model, in_step, total, nonfinite, progress.epoch, self._even)
-        self.updater.zero_grad()
-
-    def _end_batch(self, progress: EpochProgress, batch: Any, index: int, last: bool) -> None:
-        metrics = progress.end_batch(batch, self.guard.policy == "skip")
+    def _end_batch(self, progress: EpochProgress, batch: Loaded, index: int) -> None:
+        """The batch's metrics summed, then at a step: the watchers, the hooks, the step's
+        checkpoint when due or when any rank got a stop signal (the epoch's end writes one
+        due at its last batch), then the stop the signal or the step limit asks for."""
         self.observer.batch_done()
         stepped, signal = self.updater.end_group()
-        if stepped and self._compiled is not None:
-            self._compiled.first_step_done(self.world.rank)
-            self._compiled = None
+        saver = self.checkpointer
+        save = (
+            stepped
+            and saver is not None
+            and (saver.due_after_step(self.run.step, batch.last, self._even) or signal is not None)
+        )  # a due one never inside an uneven epoch: its ranks cannot meet there
+        done = index + 1 if stepped else None
+        metrics = progress.end_batch(batch.samples, self.guard.policy == "skip", done)
+        part_way = progress.part_way() if save else None  # a collective, so only when saving
+        limit = None
         if stepped:
-            self.clock.step_done()
-            progress.batches = index + 1
+            self._watch_step(progress, metrics)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
-            where = functools.partial(progress.where, self._epochs)
-            self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
-        self.events.call("on_train_batch_end", batch, metrics)
-        if stepped:  # after the hooks: they saw the step
-            self._after_step(progress, last, limit, signal)
-
-    def _after_step(
-        self, progress: EpochProgress, last: bool, limit: Stop | None, signal: str | None
-    ) -> None:
-        """The stop (a signal any rank got saves first), the step's checkpoint when due (the
-        epoch's end writes one due at its last batch), then the step limit's stop."""
-        if signal:
-            self._preempt(signal, progress)
-        if self.checkpointer and self.checkpointer.due_after_step(self.run.step, last, self._even):
-            # never inside an uneven epoch: its ranks cannot meet there
-            self.checkpointer.save_here(self, progress, None)  # part-way: the epoch's own
+        self.events.call("on_train_batch_end", batch.batch, metrics)
+        if saver is not None and part_way is not None:  # after the hooks: they saw the step
+            path, position = saver.save_here(self, part_way, None)
+            if signal:
+                self._stop(preempted(signal, path, position.describe()))
         if limit is not None:
             self._stop(limit)
+
+    def _watch_step(self, progress: EpochProgress, metrics: dict[str, Any]) -> None:
+        """A step is done: the kept kernels, the clock, the console and logs (the watchdog's
+        replica check and step limit come next, in :meth:`_end_batch`)."""
+        if self._compiled is not None:
+            self._compiled.first_step_done(self.world.rank)
+            self._compiled = None
+        self.clock.step_done()
+        where = functools.partial(progress.where, self._epochs)
+        self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
 
     def _end_epoch(self, epoch: int, ran: int) -> None:
         self.updater.step_schedulers("epoch")
@@ -366,7 +373,7 @@ class TrainLoop:
         self.observer.epoch_done(metrics, self._epochs, trained=progress is not None)
         signal = self.guard.epoch_end(self._stop_signal())
         if signal:
-            self._preempt(signal, None)
+            self._preempt(signal)
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
             self.checkpointer.save_here(self, None, generator_state(self.loader))
 
@@ -376,10 +383,12 @@ class TrainLoop:
         times, rows = self.observer.epoch_times(self._facts, carry=progress.sums.local_row())
         return {**progress.totals(rows), **times}
 
-    def _preempt(self, signal: str, progress: EpochProgress | None) -> NoReturn:
-        """A stop signal any rank got: every rank saves here, then leaves with 75."""
+    def _preempt(self, signal: str) -> NoReturn:
+        """A stop signal any rank got at an epoch's end: every rank saves here, then leaves
+        with 75 (one inside the epoch saves at its step: :meth:`_end_batch`)."""
         assert self.checkpointer is not None  # stop signals are caught only with one
-        path, position = self.checkpointer.save_here(self, progress, generator_state(self.loader))
+        generator = generator_state(self.loader)
+        path, position = self.checkpointer.save_here(self, None, generator)
         self._stop(preempted(signal, path, position.describe()))
 
     def _finish(self, stop: Stop | None) -> None:

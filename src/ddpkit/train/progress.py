@@ -25,17 +25,32 @@ Example:
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ddpkit._core.log import logger
 from ddpkit.checkpoint.rngstate import restore_rng
-from ddpkit.data.batches import batch_size_of
 from ddpkit.data.epochs import EpochStart, OpenedEpoch
+from ddpkit.errors import ConfigError
 from ddpkit.runtime.collectives import is_main
 from ddpkit.runtime.session import current_world
 from ddpkit.train.steps import MetricSums
+
+
+@dataclass(frozen=True)
+class PartWay:
+    """A checkpoint's place inside an epoch: the progress's ``state`` (its
+    :meth:`EpochProgress.state_dict`) and the loader generator's state the epoch began with.
+
+    Example:
+        >>> PartWay({"epoch": 0, "batches": 3}, None).state["batches"]
+        3
+    """
+
+    state: dict[str, Any]
+    generator_state: torch.Tensor | None
 
 
 class EpochProgress:
@@ -98,21 +113,42 @@ class EpochProgress:
         """The batch's own metrics, each a mean over ``samples`` (None: the batch's size)."""
         self._recorded = (metrics, samples)
 
-    def end_batch(self, batch: Any, skips_nonfinite: bool = True) -> dict[str, Any]:
-        """Add the batch's metrics (recorded, else its loss) to the sums; returns them.
+    def end_batch(
+        self, samples: int | None, skips_nonfinite: bool, done: int | None
+    ) -> dict[str, Any]:
+        """Add the batch's metrics (recorded, else its loss, a mean over ``samples``) to the
+        sums; returns them. ``done``: the batches done once it ended a step (None: it did not).
 
         ``skips_nonfinite``: a batch whose loss is NaN/inf is left out of the sums (its step
         was skipped, ``nonfinite_loss="skip"``). Under ``"error"`` such a loss ends the run
         at its step, before any sum is reported: no check, no ops per batch."""
         loss = {} if self._loss is None else {"loss": self._loss}
-        metrics, samples = self._recorded or (loss, None)
-        count = samples if samples is not None else batch_size_of(batch)
+        metrics, recorded = self._recorded or (loss, None)
+        count = recorded if recorded is not None else samples
+        if count is None:
+            raise ConfigError(
+                "cannot tell how many samples this batch holds (no tensor in it has a first "
+                "dimension): say it with loop.record(metrics, samples=N), or return a dict "
+                "with 'samples' from the step"
+            )
         if self._loss is not None and skips_nonfinite:
             self.sums.add(*only_if_finite(self._loss, metrics, count))
         else:
             self.sums.add(metrics, count)
         self._loss, self._recorded = None, None
+        if done is not None:
+            self.batches = done
         return metrics
+
+    def part_way(self) -> PartWay:
+        """Where a checkpoint taken now stands in the epoch (a collective: the metric sums
+        are summed over ranks).
+
+        Example::
+
+            checkpointer.save_here(loop, progress.part_way(), None)
+        """
+        return PartWay(self.state_dict(), self.generator_state)
 
     def where(self, epochs: int) -> str:
         """``epoch 1/3  batch 2/5`` (a loader without a length: ``batch 2``)."""

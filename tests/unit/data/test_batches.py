@@ -10,7 +10,13 @@ import pytest
 import torch
 
 import ddpkit
-from ddpkit.data.batches import batch_size_of, slice_batch, tensor_leaves, to_device
+from ddpkit.data.batches import (
+    batch_size_of,
+    samples_in,
+    slice_batch,
+    tensor_leaves,
+    to_device,
+)
 from ddpkit.errors import ConfigError
 from ddpkit.train.state import load_entries, save_entries
 
@@ -80,6 +86,7 @@ def test_size_and_slice_follow_the_first_tensor() -> None:
     assert cut["x"].tolist() == [0, 1] and cut["scale"].item() == 2.0 and cut["ids"] == batch["ids"]
     with pytest.raises(ConfigError, match="cannot tell the batch size of a list"):
         batch_size_of(["no", "tensor"])
+    assert samples_in(["no", "tensor"]) is None and samples_in(batch) == 3
 
 
 def test_all_gather_in_a_world_of_one_returns_rows() -> None:
