@@ -73,6 +73,7 @@ VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's
 REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks
 DEALING_ENV = "DDPKIT_VERIFY_DEALING"  # verify: slices each step of the groups' run trained
 KILL_AT_ENV = "DDPKIT_VERIFY_KILL_AT"  # verify: a group's last rank kills itself after step K
+MEMORY_SNAPSHOTS_ENV = "DDPKIT_MEMORY_SNAPSHOTS"  # ddpkit run: the job's folder in /dev/shm
 SMOKE_OUT_ENV = "DDPKIT_SMOKE_OUT"  # where doctor's smoke worker writes its results
 CHECKPOINT_DIR_ENV = "DDPKIT_CHECKPOINT_DIR"  # a command's scratch folder for the checkpoints
 LOG_DIR_ENV = "DDPKIT_LOG_DIR"  # ... and for the experiment logs

@@ -104,6 +104,13 @@ def add_own_arguments(run: argparse.ArgumentParser) -> None:
         "lines several ranks print alike into one '[ranks 0-3] ...' line",
     )
     ours.add_argument(
+        "--no-memory-snapshots",
+        dest="memory_snapshots",
+        action="store_false",
+        help="with --max-restarts: do not keep each step's state in this node's memory "
+        "(/dev/shm); a restarted worker then resumes from the checkpoint folder",
+    )
+    ours.add_argument(
         "--merge-window",
         type=_seconds,
         default=0.5,
@@ -237,6 +244,7 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
         role=args.role,
         merge_output=args.merge_output,
         merge_window=args.merge_window,
+        memory_snapshots=args.memory_snapshots,
         **rendezvous,
         **log_options(args),
     )

@@ -45,6 +45,7 @@ from ddpkit._core.protocol import (
     LAUNCHER_PID_ENV,
     LAUNCHER_REPORTS_ENV,
     LIVE_CONSOLE_ENV,
+    MEMORY_SNAPSHOTS_ENV,
     ONE_STREAM_ENV,
     PREEMPTED_EXIT_CODE,
     STOP_SIGNALS,
@@ -65,7 +66,7 @@ from ddpkit.launch.failures import diagnose, recorded
 from ddpkit.launch.lifeline import Tied
 from ddpkit.launch.plan import LaunchPlan, run_id, to_launch_config, worker_env_defaults
 from ddpkit.launch.program import Program
-from ddpkit.launch.scratch import launch_folder
+from ddpkit.launch.scratch import launch_folder, memory_folder
 from ddpkit.launch.warm.forkserver import start_warm_server, warm_start_method
 from ddpkit.launch.warm.interactive import start_method_for
 
@@ -138,7 +139,9 @@ def run_script(
     env = {**defaults, **_quiet_workers(plan), **console_env(plan), **(worker_env or {})}
     if callable(command) and plan.start_method == "forkserver":
         start_warm_server(env)  # `ddpkit run` started it already, once its flags were parsed
-    with _launch_scope(env, plan.log_dir) as log_dir, _console(plan, log_dir) as specs:
+    memory = plan.memory_snapshots and plan.max_restarts > 0  # no restart: nothing to keep
+    scope = _launch_scope(env, plan.log_dir, memory)
+    with scope as log_dir, _console(plan, log_dir) as specs:
         config = to_launch_config(plan, log_dir, specs)
         # a function worker (--run-path) carries this launch's environment and lifeline
         entry = Tied(command) if callable(command) else command
@@ -265,14 +268,17 @@ def _check_picklable(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 
 @contextlib.contextmanager
-def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -> Iterator[str]:
+def _launch_scope(
+    env_values: dict[str, str], kept_log_dir: str | None = None, memory: bool = False
+) -> Iterator[str]:
     """A log folder for one launch (temporary, or the user's ``--log-dir``, which is kept),
     and the workers' environment around it.
 
     Workers inherit ``env_values``. Our own environment and signal handlers are restored
     entirely afterwards: torch's launcher also writes to the caller's environment
     (TORCHELASTIC_*) and installs its own signal handlers, and an in-Python ``spawn`` must not
-    leave those behind in the user's process.
+    leave those behind in the user's process. ``memory``: the workers keep each step in a
+    folder of the node's memory (:func:`~ddpkit.launch.scratch.memory_folder`) meanwhile.
     """
     saved = dict(os.environ)
     handlers = _signal_handlers()
@@ -286,7 +292,13 @@ def _launch_scope(env_values: dict[str, str], kept_log_dir: str | None = None) -
         # summary says which rank failed, why, and what happened to the others.
         torch_reports.setLevel(logging.CRITICAL)
     try:
-        with launch_folder() as scratch, _temporary_files_in(scratch):  # dead ones' swept first
+        with (
+            launch_folder() as scratch,  # dead launchers' swept first
+            memory_folder(memory) as snapshots,
+            _temporary_files_in(scratch),
+        ):
+            if snapshots is not None:
+                os.environ[MEMORY_SNAPSHOTS_ENV] = snapshots
             if kept_log_dir is not None:
                 Path(kept_log_dir).mkdir(parents=True, exist_ok=True)
             yield scratch if kept_log_dir is None else kept_log_dir

@@ -70,6 +70,7 @@ class LaunchPlan:
     merge_output: bool = True  # ddpkit run: lines printed alike by several ranks, once
     merge_window: float = 0.5  # seconds a line waits for the same line of other ranks
     contract: str | None = None  # where the nodes came from, said at start (a pod's controller)
+    memory_snapshots: bool = True  # with restarts: workers keep each step in /dev/shm
 
     def __post_init__(self) -> None:
         check_nproc(self.nproc)

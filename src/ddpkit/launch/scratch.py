@@ -32,19 +32,40 @@ SWEPT = ".swept"  # a dead launcher's folder being removed (by a sweep that may 
 # A folder without an owner file is being made right now, or was left by a ddpkit before
 # owner files: only the latter is this old.
 UNOWNED_AFTER_S = 24 * 3600
+MEMORY_ROOT = "/dev/shm"  # memory, not disk, on Linux: what a restarted worker reads fast
 
 
 @contextlib.contextmanager
-def launch_folder() -> Iterator[str]:
-    """A fresh scratch folder, locked as this launcher's while the block runs, then removed;
-    the folders of dead launchers are removed first."""
-    sweep_dead_launchers()
-    folder = tempfile.mkdtemp(prefix=PREFIX)
+def launch_folder(root: str | None = None) -> Iterator[str]:
+    """A fresh scratch folder (mode 0700) under ``root`` (the temporary directory), locked
+    as this launcher's while the block runs, then removed; the folders of dead launchers
+    there are removed first."""
+    sweep_dead_launchers(root)
+    folder = tempfile.mkdtemp(prefix=PREFIX, dir=root)
     with _locked_owner(folder):
         try:
             yield folder
         finally:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def memory_folder(wanted: bool, root: str = MEMORY_ROOT) -> Iterator[str | None]:
+    """The job's folder in the node's memory, for the workers' step snapshots
+    (:mod:`ddpkit.train.snapshots`): a launch folder under ``root``, so a killed launcher's
+    memory is given back by the next launch. None when not ``wanted`` or the node has no
+    such place (then a restart resumes from the checkpoint folder).
+
+    Example:
+        >>> with memory_folder(False) as folder:
+        ...     folder is None
+        True
+    """
+    if not wanted or not os.path.isdir(root) or not os.access(root, os.W_OK | os.X_OK):
+        yield None
+        return
+    with launch_folder(root) as folder:
+        yield folder
 
 
 @contextlib.contextmanager

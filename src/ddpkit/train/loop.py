@@ -42,6 +42,7 @@ from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision, check_agrees
 from ddpkit.train.progress import EpochProgress, say_already_trained
+from ddpkit.train.snapshots import MemorySnapshots
 from ddpkit.train.state import RunState
 from ddpkit.train.steps import StepOutput
 from ddpkit.train.stop import Stop, StopSignals, leave, preempted
@@ -113,6 +114,7 @@ class TrainLoop:
         self.guard = StepGuard(options.nonfinite_loss, exchange_stops=saving.enabled)
         self.updater = Updater(run, self.precision, self.guard, options)
         self.checkpointer = Checkpointer(saving) if saving.enabled else None
+        self.snapshots = MemorySnapshots.from_environment(sharded)  # each step, in memory
         self.explog = experiment_logs(logging.log_dir, logging.loggers)
         # rank 0 tells a Kubeflow TrainJob's status how far the run is, when it runs in one
         status = TrainJobStatus.from_environment(os.environ, self.position)
@@ -161,7 +163,7 @@ class TrainLoop:
         """
         check_positive_int("epochs", epochs)
         self._epochs, self._started, self.stopped = epochs, False, None
-        self._progress = self.checkpointer.resume(self) if self.checkpointer else None
+        self._progress = self._resumed()
         # Augmentation and dropout differ per rank, reproducibly (a resumed epoch: its own).
         seed_rank_streams(configured_seed(), self.world.rank)
         if loader is not None:
@@ -289,9 +291,14 @@ class TrainLoop:
 
     def state_dict(self, weights: bool = True) -> dict[str, Any]:
         """What a checkpoint holds: the run's state, the grad scaler, the callbacks' entries."""
-        state = {**self.run.state_dict(weights), "grad_scaler": self.precision.state_dict()}
+        state = self._run_state(weights)
         self.events.call("on_save_checkpoint", state)
         return state
+
+    def _run_state(self, weights: bool = True) -> dict[str, Any]:
+        """The run's state and the grad scaler's: a memory snapshot's, every step (the
+        callbacks' entries come with a checkpoint: their hooks may flush files)."""
+        return {**self.run.state_dict(weights), "grad_scaler": self.precision.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; plain values go back into the state you gave."""
@@ -301,7 +308,15 @@ class TrainLoop:
 
     def resume(self) -> bool:
         """Load the newest valid checkpoint now (False: there is none); ``epochs`` does it."""
-        return self.checkpointer is not None and self.checkpointer.resume(self) is not None
+        return self._resumed() is not None
+
+    def _resumed(self) -> EpochProgress | None:
+        """After a restart, the newest step every rank kept in memory; else the newest
+        checkpoint (None: neither). The epoch to go on with."""
+        progress = self.snapshots.resume(self) if self.snapshots is not None else None
+        if progress is None and self.checkpointer is not None:
+            progress = self.checkpointer.resume(self)
+        return progress
 
     def _start(self, loader: Any) -> None:
         """Once per run, when the loader is known: say how it is set up, then the hooks."""
@@ -341,10 +356,16 @@ class TrainLoop:
         metrics = progress.end_batch(batch.samples, self.guard.policy == "skip", done)
         part_way = progress.part_way() if save else None  # a collective, so only when saving
         limit = None
-        if stepped:
-            self._watch_step(progress, metrics)
+        if stepped:  # the watchers: the kept kernels, the clock, console and logs, watchdog
+            if self._compiled is not None:
+                self._first_step_done(self._compiled)
+            self.clock.step_done()
+            where = functools.partial(progress.where, self._epochs)
+            self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
         self.events.call("on_train_batch_end", batch.batch, metrics)
+        if stepped and self.snapshots is not None and self._even:  # after the hooks, as saves
+            self.snapshots.take(self._run_state(), progress, None)
         if saver is not None and part_way is not None:  # after the hooks: they saw the step
             path, position = saver.save_here(self, part_way, None)
             if signal:
@@ -352,15 +373,10 @@ class TrainLoop:
         if limit is not None:
             self._stop(limit)
 
-    def _watch_step(self, progress: EpochProgress, metrics: dict[str, Any]) -> None:
-        """A step is done: the kept kernels, the clock, the console and logs (the watchdog's
-        replica check and step limit come next, in :meth:`_end_batch`)."""
-        if self._compiled is not None:
-            self._compiled.first_step_done(self.world.rank)
-            self._compiled = None
-        self.clock.step_done()
-        where = functools.partial(progress.where, self._epochs)
-        self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
+    def _first_step_done(self, compiled: CompiledRun) -> None:
+        """A compiled model's first step is done: its kernels are kept for a restart."""
+        compiled.first_step_done(self.world.rank)
+        self._compiled = None
 
     def _end_epoch(self, epoch: int, ran: int) -> None:
         self.updater.step_schedulers("epoch")
@@ -376,6 +392,8 @@ class TrainLoop:
             self._preempt(signal)
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
             self.checkpointer.save_here(self, None, generator_state(self.loader))
+        if self.snapshots is not None:
+            self.snapshots.take(self._run_state(), None, generator_state(self.loader))
 
     def _epoch_totals(self, progress: EpochProgress) -> dict[str, float]:
         """The epoch's metrics and every rank's step times and memory: the ranks' metric sums

@@ -224,6 +224,36 @@ class EpochProgress:
             self.sums.load(list(state["metric_names"]), state["metric_sums"])
         self._elapsed_before = float(state["elapsed_s"])
 
+    def local_state(self) -> dict[str, Any]:
+        """The position with this rank's own metric sums: no collective (a memory snapshot's,
+        taken every step; :meth:`load_local_state` puts it back on the same rank).
+
+        Example:
+            >>> import ddpkit
+            >>> _ = ddpkit.init()
+            ddpkit: world size 1 ...
+            >>> progress = EpochProgress(2)
+            >>> again = EpochProgress(0)
+            >>> again.load_local_state(progress.local_state())
+            >>> again.epoch
+            2
+            >>> ddpkit.shutdown()
+        """
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "samples": self.position(),
+            "sums": self.sums.local_state(),
+            "elapsed_s": self.elapsed_s,
+        }
+
+    def load_local_state(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`local_state` output of this rank."""
+        self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+        self.resumed_at = state["samples"]
+        self.sums.load_local_state(state["sums"])
+        self._elapsed_before = float(state["elapsed_s"])
+
     def _restart(self) -> None:
         """Forget the part of the epoch done (a loader that cannot go on at a position)."""
         self.batches, self.resumed_at, self._elapsed_before = 0, None, 0.0

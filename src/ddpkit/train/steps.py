@@ -64,6 +64,30 @@ class MetricSums:
         self._fold()
         return self._sums
 
+    def local_state(self) -> dict[str, Any]:
+        """This rank's sums as they stand, the batches not folded in yet included: no
+        collective and no fold, so a snapshot every step leaves the arithmetic as it was.
+
+        Example:
+            >>> sums = MetricSums(torch.device("cpu"))
+            >>> sums.add({"loss": 0.5}, samples=2)
+            >>> again = MetricSums(torch.device("cpu"))
+            >>> again.load_local_state(sums.local_state())
+            >>> again.sums.tolist()
+            [2.0, 1.0]
+        """
+        return {"names": list(self.names), "sums": self._sums, "pending": list(self._pending)}
+
+    def load_local_state(self, state: Mapping[str, Any]) -> None:
+        """Put back :meth:`local_state` output (of this rank, at the same world size)."""
+        device = self.device
+        self.names = list(state["names"])
+        self._sums = state["sums"].to(device, copy=True)
+        self._pending = [
+            tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in row)
+            for row in state["pending"]
+        ]
+
     def add(self, values: Mapping[str, Any], samples: int | float | torch.Tensor) -> None:
         """Add one step's means (tensors or numbers), each over ``samples`` samples.
 

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from ddpkit._core.protocol import ERROR_FILE_ENV, error_record, write_error_file
-from ddpkit.launch.scratch import OWNER, PREFIX, SWEPT, UNOWNED_AFTER_S, sweep_dead_launchers
+from ddpkit.launch.scratch import (
+    OWNER,
+    PREFIX,
+    SWEPT,
+    UNOWNED_AFTER_S,
+    memory_folder,
+    sweep_dead_launchers,
+)
 
 
 def scratch(root: Path, name: str, owned: bool = True) -> Path:
@@ -96,3 +103,13 @@ def test_a_sweep_while_a_launcher_makes_its_folder_never_takes_it(
         monkeypatch.setattr(fcntl, "flock", real_flock)
         assert sweep_dead_launchers(str(tmp_path)) == [] and os.path.isdir(folder)
     assert not os.path.exists(folder)
+
+
+def test_the_jobs_memory_folder_is_private_and_removed(tmp_path: Path) -> None:
+    with memory_folder(True, root=str(tmp_path)) as folder:
+        assert folder is not None and Path(folder).parent == tmp_path
+        assert Path(folder).stat().st_mode & 0o777 == 0o700
+        (Path(folder) / "fit1.rank0.0.data").write_bytes(b"step")
+    assert not Path(folder).exists()
+    with memory_folder(True, root=str(tmp_path / "no-shm")) as none:
+        assert none is None  # a node without /dev/shm: restarts resume from storage

@@ -1,0 +1,160 @@
+"""Every step's state kept in the node's memory, and a restarted worker's resume from it.
+
+Under ``ddpkit run`` with restarts (``--max-restarts``), after each optimizer step (and at
+each epoch's end) every rank copies what a resume needs into the job's folder in
+``/dev/shm`` (:mod:`ddpkit.checkpoint.memory`): the run's state (model, optimizers,
+schedulers, grad scaler; DDP's identical replicas shared out between the node's ranks), its
+random generators, the loader's generator and its place in the epoch with its own metric
+sums. When torch's agent restarts the workers, they agree (one all-gather) on the newest
+snapshot every rank holds whole and go on from it: nothing is read from storage, and the run
+ends as an uninterrupted one does. Without a whole common snapshot they resume from the
+checkpoint folder, as before. Durable checkpoints keep their own schedule.
+
+Sharded models (FSDP) are not kept in memory yet: they resume from their checkpoints.
+
+Example::
+
+    snapshots = MemorySnapshots.from_environment(run.strategy.sharded)  # None: off
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from ddpkit._core.log import EVERY_RANK, logger
+from ddpkit._core.privatefolder import check_private
+from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
+from ddpkit.checkpoint.memory import SnapshotRing, newest_common, read_snapshot
+from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.errors import CheckpointError
+from ddpkit.runtime.collectives import all_reduce_max
+from ddpkit.runtime.session import current_world
+from ddpkit.train.progress import EpochProgress
+
+_fits = itertools.count(1)  # a script may train several times: each run keeps its own
+
+
+class Restorable(Protocol):
+    """What a memory snapshot restores: the loop, as :meth:`TrainLoop.load_state_dict`."""
+
+    @property
+    def step(self) -> int:
+        """Optimizer steps taken."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the run's state."""
+
+
+class MemorySnapshots:
+    """This rank's snapshots of one training run, in the job's memory folder ``folder``.
+
+    Example::
+
+        snapshots = MemorySnapshots(Path("/dev/shm/ddpkit-launch-x"), fit=1)
+    """
+
+    @classmethod
+    def from_environment(cls, sharded: bool) -> MemorySnapshots | None:
+        """The run's snapshots when the launcher gave a memory folder (None: off, or a
+        sharded model, said once)."""
+        folder = os.environ.get(MEMORY_SNAPSHOTS_ENV)
+        if not folder:
+            return None
+        if sharded:
+            logger.info("memory snapshots: a sharded model (FSDP) is not kept in memory yet; "
+                        "a restart resumes from its checkpoints")  # fmt: skip
+            return None
+        check_private(Path(folder))  # nothing read back from a folder others could write
+        return cls(Path(folder), next(_fits))
+
+    def __init__(self, folder: Path, fit: int) -> None:
+        world = current_world()
+        self.world = world
+        first = world.rank - world.local_rank  # the node's ranks are consecutive
+        name = f"fit{fit}.rank"
+        self.ring = SnapshotRing(folder, f"{name}{world.rank}", world.local_world_size,
+                                 world.local_rank)  # fmt: skip
+        self.node = [SnapshotRing(folder, f"{name}{first + i}")
+                     for i in range(world.local_world_size) if first + i != world.rank]  # fmt: skip
+        self._order = 0
+
+    def take(
+        self,
+        run_state: dict[str, Any],
+        progress: EpochProgress | None,
+        generator: torch.Tensor | None,
+    ) -> None:
+        """Keep ``run_state`` (the loop's ``state_dict``, without the hooks' entries) as it
+        stands after a step, ``progress`` into the epoch (None: at its end; ``generator``:
+        the loader's for the next epoch). No collective: each rank copies its part."""
+        epoch, step = int(run_state["epoch"]), int(run_state["step"])
+        phase = "step" if progress is not None else "end"
+        own = {
+            "rng": capture_rng(),
+            "loader_generator": progress.generator_state if progress is not None else generator,
+            "progress": progress.local_state() if progress is not None else None,
+            "world_size": self.world.world_size,
+        }
+        self.ring.write(f"{step}:{epoch}:{phase}", self._order, run_state, own)
+        self._order += 1
+
+    def resume(self, loop: Restorable) -> EpochProgress | None:
+        """After a restart, restore the newest snapshot every rank holds whole into
+        ``loop`` (a collective); the epoch to go on with. None: a first attempt, or no
+        such snapshot (the checkpoint folder is next)."""
+        if self.world.restart == 0:
+            return None  # nothing of this job is in memory yet
+        started = time.perf_counter()
+        whole = [dict(found) for found in gather_from_ranks(self.ring.whole())]
+        key = newest_common(whole)
+        if key is None:
+            logger.info("memory snapshots: no step every rank holds whole; resuming from the "
+                        "checkpoint folder, if any")  # fmt: skip
+            return None
+        restored = self._read(key)
+        if restored is None:
+            return None
+        shared, own = restored
+        loop.load_state_dict(shared)
+        progress = _progress_of(shared, own)
+        self._order = whole[0][key] + 1
+        newest = max(int(k.split(":")[0]) for found in whole for k in found)
+        where = f"epoch {progress.epoch + 1} batch {progress.batches}" if progress.batches else (
+            f"the start of epoch {progress.epoch + 1}")  # fmt: skip
+        logger.info(f"resumed from memory at step {loop.step} ({where}): "
+                    f"{newest - loop.step} completed step(s) lost, 0.0 s read from storage, "
+                    f"{time.perf_counter() - started:.2f} s to restore")  # fmt: skip
+        return progress
+
+    def _read(self, key: str) -> tuple[Any, Any] | None:
+        """Snapshot ``key`` on this rank, if every rank read its own whole (else None, said)."""
+        try:
+            restored: tuple[Any, Any] | None = read_snapshot([self.ring, *self.node], key)
+            problem = ""
+        except CheckpointError as err:
+            restored, problem = None, str(err)
+        if restored is not None and restored[1]["world_size"] != self.world.world_size:
+            restored, problem = None, "it was taken at another world size"
+        if all_reduce_max(torch.tensor([float(restored is None)])).item() == 0:
+            return restored
+        if problem:
+            logger.warning(f"memory snapshots: rank {self.world.rank}: {problem}; resuming "
+                           "from the checkpoint folder, if any", extra=EVERY_RANK)  # fmt: skip
+        return None
+
+
+def _progress_of(shared: dict[str, Any], own: dict[str, Any]) -> EpochProgress:
+    """The epoch to go on with: part-way at the step, or the next one from its start."""
+    saved = own["progress"]
+    progress = EpochProgress(int(saved["epoch"]) if saved is not None else int(shared["epoch"]))
+    if saved is not None:
+        progress.load_local_state(saved)
+    progress.rng = own["rng"]
+    progress.generator_state = own["loader_generator"]
+    return progress

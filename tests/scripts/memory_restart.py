@@ -1,0 +1,56 @@
+"""A job whose rank 1 is killed with SIGKILL in its first attempt (ddpkit run --max-restarts 1).
+
+    memory_restart.py OUT_DIR [KILL_AFTER_STEP]
+
+2 epochs of 40 steps (a global batch of 16), dropout (the random streams count), AdamW with a
+schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart
+can only go on from memory). With KILL_AFTER_STEP, rank 1 of the first attempt kills itself
+at the batch after that step (during the next step). Rank 0 writes the final parameters and
+the epochs' metrics to OUT_DIR/final.pt.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import ddpkit
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    kill_after = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    world = ddpkit.init(seed=0)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3))
+    model = ddpkit.prepare_model(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(640, 6, generator=generator), torch.randint(0, 3, (640,), generator=generator)
+    )
+    loader = ddpkit.prepare_loader(data, batch_size=8)
+    parts = {"model": model, "optimizer": opt, "scheduler": schedule}
+    loop = ddpkit.TrainLoop(parts, out / "checkpoints", save_every_steps=1000)
+    for _epoch in loop.epochs(2):
+        for x, y in loop.batches(loader):
+            if loop.step == kill_after and world.rank == 1 and world.restart == 0:
+                os.kill(os.getpid(), signal.SIGKILL)  # in the middle of the next step
+            loop.backward(F.cross_entropy(model(x), y))
+            if loop.optimizer_step(opt):
+                schedule.step()
+    if ddpkit.is_main():
+        weights = ddpkit.unwrap_model(model).state_dict()
+        torch.save({"weights": weights, "history": loop.history}, out / "final.pt")
+    ddpkit.shutdown()
+
+
+if __name__ == "__main__":
+    main()

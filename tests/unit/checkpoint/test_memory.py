@@ -1,0 +1,107 @@
+"""Memory snapshots' slots: a ring of three, each sealed by a header written last; a slot
+being overwritten or damaged is never read back; DDP's replicated state shared out between a
+node's rings comes back whole; the newest snapshot all ranks share is the one restored."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddpkit
+from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
+from ddpkit.checkpoint.memory import SLOTS, SnapshotRing, newest_common, read_snapshot
+from ddpkit.errors import CheckpointError, UnsafeFolderError
+from ddpkit.train.snapshots import MemorySnapshots
+
+
+def state(step: int) -> dict[str, object]:
+    return {"model": {"w": torch.full((4, 3), float(step)), "b": torch.arange(3)},
+            "step": step, "groups": [{"lr": 0.1 * step}]}  # fmt: skip
+
+
+def test_the_ring_keeps_the_last_three_and_reads_them_back(tmp_path: Path) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    for step in range(1, 6):
+        ring.write(f"s{step}", step, state(step), {"rng": torch.tensor([step])})
+    assert ring.whole() == {"s3": 3, "s4": 4, "s5": 5}
+    shared, own = read_snapshot([ring], "s4")
+    assert torch.equal(shared["model"]["w"], torch.full((4, 3), 4.0)) and shared["step"] == 4
+    assert shared["groups"] == [{"lr": 0.1 * 4}] and own["rng"].tolist() == [4]
+    assert len(list(tmp_path.iterdir())) == 2 * SLOTS  # a data file and a header a slot
+
+
+def test_a_slot_being_written_is_not_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    for step in range(1, 4):
+        ring.write(f"s{step}", step, state(step), {})
+
+    def killed(*_args: object) -> None:
+        raise KeyboardInterrupt  # the process dies in the middle of the copy
+
+    monkeypatch.setattr(torch.Tensor, "copy_", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ring.write("s4", 4, state(4), {})
+    assert ring.whole() == {"s2": 2, "s3": 3}  # s1's slot lost its header before its data
+
+
+def test_damaged_data_is_refused_by_its_checksum(tmp_path: Path) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    ring.write("s1", 1, state(1), {})
+    data = tmp_path / "rank0.0.data"
+    raw = bytearray(data.read_bytes())
+    raw[0] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="memory snapshot s1 of rank0 is damaged"):
+        read_snapshot([ring], "s1")
+
+
+def test_replicated_state_shared_out_between_a_nodes_rings(tmp_path: Path) -> None:
+    rings = [SnapshotRing(tmp_path, f"rank{r}", writers=2, share=r) for r in range(2)]
+    for r, ring in enumerate(rings):
+        ring.write("s7", 7, state(7), {"rank": torch.tensor([r])})
+    sizes = [(tmp_path / f"rank{r}.0.data").stat().st_size for r in range(2)]
+    assert all(0 < size < 4 * 3 * 4 + 3 * 8 + 2 * 64 for size in sizes)  # each holds a part
+    shared, own = read_snapshot([rings[1], rings[0]], "s7")
+    assert torch.equal(shared["model"]["w"], torch.full((4, 3), 7.0))
+    assert torch.equal(shared["model"]["b"], torch.arange(3)) and own["rank"].tolist() == [1]
+    with pytest.raises(CheckpointError, match="a node's ring is missing"):
+        read_snapshot([rings[1]], "s7")  # the other rank's part is not there
+
+
+def test_the_newest_snapshot_every_rank_holds() -> None:
+    # rank 1 was killed copying step 6 (its slot unsealed): rank 0 went one step further
+    assert newest_common([{"s5": 5, "s6": 6, "s7": 7}, {"s4": 4, "s5": 5}]) == "s5"
+    assert newest_common([{"s5": 5}, {"s6": 6}]) is None
+
+
+def test_a_memory_folder_others_can_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "shm"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777 | stat.S_ISVTX)
+    monkeypatch.setenv(MEMORY_SNAPSHOTS_ENV, str(shared))
+    with pytest.raises(UnsafeFolderError, match="writable by its group and everyone"):
+        MemorySnapshots.from_environment(sharded=False)
+    monkeypatch.delenv(MEMORY_SNAPSHOTS_ENV)
+    assert MemorySnapshots.from_environment(sharded=False) is None  # off without a folder
+
+
+def test_a_first_attempt_resumes_nothing_from_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.chmod(tmp_path, 0o700)
+    monkeypatch.setenv(MEMORY_SNAPSHOTS_ENV, str(tmp_path))
+    ddpkit.init(hang_timeout=0)
+    try:
+        snapshots = MemorySnapshots.from_environment(sharded=False)
+        assert snapshots is not None
+        snapshots.take({"epoch": 0, "step": 1, "model": {"w": torch.ones(2)}}, None, None)
+        assert snapshots.ring.whole() == {"1:0:end": 0}
+        assert snapshots.resume(loop=None) is None  # type: ignore[arg-type]  # restart 0
+    finally:
+        ddpkit.shutdown()
