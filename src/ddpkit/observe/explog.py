@@ -211,10 +211,22 @@ class ExperimentLogCallback(Callback):
 
     def on_save_checkpoint(self, trainer: RunView, state: dict[str, Any]) -> None:
         # Everything up to this step reaches the logs before the checkpoint exists.
-        if self.files is not None:
-            self.files.flush()
         for tracker in self.started:
             tracker.flush()
+        self.kept_in_memory(state)  # the files flushed, the run ids kept
+
+    def kept_in_memory(self, state: dict[str, Any]) -> None:
+        """A memory snapshot is taken (every step, :mod:`ddpkit.train.snapshots`): the log
+        files are flushed, so a restart from that step neither loses points nor logs one
+        twice, and the trackers' run ids are kept as a checkpoint keeps them. The trackers
+        are not flushed each step (each flush is a call to their server).
+
+        Example::
+
+            explog.kept_in_memory(state)   # then the snapshot of ``state``
+        """
+        if self.files is not None:
+            self.files.flush()
         state["trackers"] = {t.name: t.run_id for t in self.trackers if t.run_id is not None}
 
     def on_fit_end(self, trainer: RunView) -> None:

@@ -296,9 +296,16 @@ class TrainLoop:
         return state
 
     def _run_state(self, weights: bool = True) -> dict[str, Any]:
-        """The run's state and the grad scaler's: a memory snapshot's, every step (the
-        callbacks' entries come with a checkpoint: their hooks may flush files)."""
+        """The run's state and the grad scaler's."""
         return {**self.run.state_dict(weights), "grad_scaler": self.precision.state_dict()}
+
+    def _memory_state(self) -> dict[str, Any]:
+        """A memory snapshot's state, every step: the run's and the logs' (the callbacks'
+        ``on_save_checkpoint`` comes with a checkpoint only: it may flush to a server)."""
+        state = self._run_state()
+        if self.explog is not None:
+            self.explog.kept_in_memory(state)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output; plain values go back into the state you gave."""
@@ -365,7 +372,7 @@ class TrainLoop:
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
         self.events.call("on_train_batch_end", batch.batch, metrics)
         if stepped and self.snapshots is not None and self._even:  # after the hooks, as saves
-            self.snapshots.take(self._run_state(), progress, None)
+            self.snapshots.take(self._memory_state(), progress, None)
         if saver is not None and part_way is not None:  # after the hooks: they saw the step
             path, position = saver.save_here(self, part_way, None)
             if signal:
@@ -393,7 +400,7 @@ class TrainLoop:
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
             self.checkpointer.save_here(self, None, generator_state(self.loader))
         if self.snapshots is not None:
-            self.snapshots.take(self._run_state(), None, generator_state(self.loader))
+            self.snapshots.take(self._memory_state(), None, generator_state(self.loader))
 
     def _epoch_totals(self, progress: EpochProgress) -> dict[str, float]:
         """The epoch's metrics and every rank's step times and memory: the ranks' metric sums

@@ -64,24 +64,27 @@ def test_a_kill_9_mid_epoch_resumes_to_the_same_final_parameters(
     folder = tmp_path / "killed"
     output = train(folder, "--max-restarts", "1", kill_at=20)  # epoch 2, step 7 of 13
     assert "restart 1 of 1" in output
-    assert "resumed from" in output and "epoch_000002_step_000018.pt" in output
+    # from memory at the step the worker was killed after (its checkpoint was step 18's)
+    assert "resumed from memory at step 20 (epoch 2 batch 7): 0 completed step(s) lost" in output
+    step = 20
     final = load_checkpoint(folder / "ckpt" / "epoch_000003.pt")["model"]
     expected = load_checkpoint(uninterrupted[0] / "ckpt" / "epoch_000003.pt")["model"]
     assert final.keys() == expected.keys()
     assert all(torch.equal(final[name], expected[name]) for name in final)
-    # After the restart each rank went on from the checkpoint's step with the batches the
-    # uninterrupted run trained on there.
+    # After the restart each rank went on from the step kept in memory with the batches
+    # the uninterrupted run trained on there.
     again = [batches_seen(folder, rank, attempt=1) for rank in (0, 1)]
     before = [batches_seen(uninterrupted[0], rank) for rank in (0, 1)]
     for rank in (0, 1):
-        assert again[rank][1] == before[rank][1][18 - STEPS_PER_EPOCH :]
+        assert again[rank][1] == before[rank][1][step - STEPS_PER_EPOCH :]
 
 
 def test_the_logs_have_one_point_per_step_across_the_restart(
     uninterrupted: tuple[Path, str], tmp_path: Path
 ) -> None:
     """TensorBoard's own reader and the CSV: steps 1..39 once each, the killed run's curve
-    equal to the uninterrupted one's (the points after its last checkpoint were purged)."""
+    equal to the uninterrupted one's (the points after the step it resumed from were purged;
+    each step's points reach the files before its memory snapshot)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     folder = tmp_path / "killed"

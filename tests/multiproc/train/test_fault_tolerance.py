@@ -76,7 +76,8 @@ def job(tmp_path: Path) -> Iterator[Callable[..., Job]]:
 def test_a_worker_killed_mid_epoch_is_restarted_and_the_run_ends_identical(
     job: Callable[..., Job], uninterrupted: dict[str, torch.Tensor]
 ) -> None:
-    run = job("--max-restarts", "1")
+    # from storage: what a restart does without memory snapshots (test_memory_restart.py)
+    run = job("--max-restarts", "1", "--no-memory-snapshots")
     run.wait_for_checkpoint()
     os.kill(run.worker(rank=1), signal.SIGKILL)
     code, out, err = run.finish()
