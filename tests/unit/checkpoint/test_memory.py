@@ -5,6 +5,7 @@ node's rings comes back whole; the newest snapshot all ranks share is the one re
 from __future__ import annotations
 
 import os
+import pickle
 import stat
 from pathlib import Path
 
@@ -105,3 +106,28 @@ def test_a_first_attempt_resumes_nothing_from_memory(
         assert snapshots.resume(loop=None) is None  # type: ignore[arg-type]  # restart 0
     finally:
         ddpkit.shutdown()
+
+
+def test_a_header_that_holds_code_is_refused_unrun(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    ring.write("s1", 1, state(1), {})
+    planted = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {planted}",))
+
+    (tmp_path / "rank0.0.head").write_bytes(pickle.dumps({"key": Payload()}))
+    assert ring.whole() == {}  # passed over, said: every rank still answers the gather
+    assert "unreadable: posix.system is not a plain value" in caplog.text
+    assert not planted.exists()
+
+
+def test_own_tensors_of_any_shape_travel_in_the_header(tmp_path: Path) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    own = {"count": torch.tensor(3.5), "rows": torch.arange(6).view(2, 3), "none": torch.zeros(0)}
+    ring.write("s1", 1, {}, own)
+    _, back = read_snapshot([ring], "s1")
+    assert all(torch.equal(back[name], own[name]) for name in own)
