@@ -156,7 +156,8 @@ class TrainLoop:
         return RunPosition(epoch, max(1, self._epochs), done, total, self.stopped is not None)
 
     def epochs(self, epochs: int, loader: Iterable[Any] | None = None) -> Iterator[int]:
-        """The epochs still to train, from 0; resumes from the newest checkpoint first.
+        """The epochs still to train, from 0; resumes first (after a restart from the last
+        step kept in memory, else from the newest checkpoint).
 
         After each epoch's body (your evaluation included) the epoch's line is shown and its
         checkpoint written when one is due. ``loader``: the training loader, if known now.
@@ -314,7 +315,8 @@ class TrainLoop:
         self.events.call("on_load_checkpoint", state)
 
     def resume(self) -> bool:
-        """Load the newest valid checkpoint now (False: there is none); ``epochs`` does it."""
+        """Load the newest valid checkpoint now, or after a restart the last step kept in
+        memory (False: neither); ``epochs`` does it."""
         return self._resumed() is not None
 
     def _resumed(self) -> EpochProgress | None:
