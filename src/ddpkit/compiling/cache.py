@@ -13,7 +13,12 @@ torch's cache keys do not hold the CPU's vector instruction set: kernels built u
 and loaded under AVX2 ran and gave a NaN loss, without a warning. So the folder is named by a
 fingerprint of what the kernels depend on (torch's version and build, Python, the machine,
 the CPU's capability, CUDA's version and the GPU), and a machine that differs compiles anew
-in a folder of its own. A ``TORCHINDUCTOR_CACHE_DIR`` the user set is left as it is.
+in a folder of its own.
+
+A ``TORCHINDUCTOR_CACHE_DIR`` the user set (a node-local scratch, often) stays torch's cache,
+and the run's folder still keeps the kernels: the files the run added to the user's folder
+are copied there after the first step, and a resume whose folder lacks kernels (a new node)
+is seeded from there before it compiles (:func:`seed_users_cache`).
 
 Example:
     >>> sorted(fingerprint(torch.device("cpu")))
@@ -47,6 +52,8 @@ from ddpkit.compiling.wrap import uncompiled
 CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"  # torch's own setting, read each time it is used
 CACHE_FOLDER = "compile-cache"
 FINGERPRINT_FILE = "fingerprint.json"  # what the folder's kernels were built for
+HEADERS = "precompiled_headers"  # inductor's C++ precompiled headers, kept with the run
+_NOT_KERNELS = (FINGERPRINT_FILE, HEADERS)  # what a kernel folder holds besides the kernels
 
 
 def fingerprint(device: torch.device) -> dict[str, str]:
@@ -103,6 +110,69 @@ def keep_with_run(
     return folder
 
 
+def seed_users_cache(
+    run_folder: Path, device: torch.device, environ: MutableMapping[str, str] | None = None
+) -> tuple[Path, Path, int] | None:
+    """When the user chose ``TORCHINDUCTOR_CACHE_DIR``: their folder, the run's kernel
+    folder beside its checkpoints, and how many of the run's files were copied into theirs,
+    which held no kernels (0: it had some, or the run has none yet). None: no folder chosen.
+
+    Example::
+
+        seed_users_cache(Path("runs/gpt"), world.device)   # (scratch, runs/gpt/..., 41)
+    """
+    env = os.environ if environ is None else environ
+    if not user_chose_cache(env):
+        return None
+    run_folder.mkdir(parents=True, exist_ok=True)
+    kept = private_folder(cache_folder(run_folder, device))
+    check_private(kept.parent)
+    facts = json.dumps(fingerprint(device), indent=1).encode()
+    atomic_write(kept / FINGERPRINT_FILE, lambda out: out.write(facts))
+    users = Path(env[CACHE_ENV])
+    seeded = 0 if holds_kernels(users) else copy_kernels(kept, users)
+    return users, kept, seeded
+
+
+def copy_kernels(source: Path, target: Path, since: float | None = None) -> int:
+    """``source``'s cache files that ``target`` lacks (modified at ``since`` or later, if
+    given) copied into it, each whole: copied beside its place, then renamed into it (torch
+    may read the folder meanwhile). The fingerprint and the headers stay where they are.
+
+    Example::
+
+        copy_kernels(users_cache, run_kernels, since=started)   # what this run compiled
+    """
+    copied = 0
+    for file in sorted(source.rglob("*")):
+        relative = file.relative_to(source)
+        if not file.is_file() or file.is_symlink() or relative.parts[0] in _NOT_KERNELS:
+            continue
+        if relative.name.startswith(".") or (since is not None and file.stat().st_mtime < since):
+            continue
+        place = target / relative
+        if place.exists():
+            continue
+        place.parent.mkdir(parents=True, exist_ok=True)
+        partial = place.with_name(f".{place.name}.{os.getpid()}")
+        shutil.copy2(file, partial)
+        os.replace(partial, place)
+        copied += 1
+    return copied
+
+
+def holds_kernels(folder: Path) -> bool:
+    """Whether ``folder`` holds anything compiled (not only its fingerprint).
+
+    Example:
+        >>> holds_kernels(Path("/nonexistent"))
+        False
+    """
+    if not folder.is_dir():
+        return False
+    return any(entry.name not in _NOT_KERNELS for entry in folder.iterdir())
+
+
 def user_chose_cache(environ: MutableMapping[str, str] | None = None) -> bool:
     """Whether ``TORCHINDUCTOR_CACHE_DIR`` names a folder of the user's (not torch's default).
 
@@ -132,7 +202,6 @@ def use_cache_folder(
     (os.environ if environ is None else environ)[CACHE_ENV] = str(folder.resolve())
 
 
-HEADERS = "precompiled_headers"  # inductor's C++ precompiled headers, kept with the run
 _headers_used: list[str] = []  # what this process's compiles used, to keep after its first step
 
 

@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -40,17 +41,20 @@ from ddpkit._core.log import logger
 from ddpkit._core.privatefolder import check_private, private_folder, user_cache_root
 from ddpkit._core.text import short_digest
 from ddpkit.compiling.cache import (
+    CACHE_ENV,
     CACHE_FOLDER,
-    FINGERPRINT_FILE,
     RAN_EAGERLY,
     any_compiled,
     cache_counts,
     cache_folder,
     captured_graphs,
     compile_summary,
+    copy_kernels,
+    holds_kernels,
     keep_headers_with,
     keep_used_headers,
     keep_with_run,
+    seed_users_cache,
     use_cache_folder,
     user_chose_cache,
 )
@@ -73,6 +77,17 @@ class KernelStore(Protocol):
         """Write ``folder`` as archive ``name``; its bytes."""
 
 
+@dataclass(frozen=True)
+class UsersCache:
+    """The user's own ``TORCHINDUCTOR_CACHE_DIR``: seeded from the run's kept kernels when
+    it had none (``seeded`` files), and what the run compiles into it (files newer than
+    ``since``, wall-clock seconds) kept with the run after the first step."""
+
+    folder: Path
+    seeded: int
+    since: float
+
+
 class CompiledRun:
     """A compiled model's run from its start to its first step: where its kernels are kept
     (``folder``; ``store`` when they travel in an object store), and since when it compiles.
@@ -82,17 +97,26 @@ class CompiledRun:
         CompiledRun(None, None).first_step_done(rank=0)   # says what the first step cost
     """
 
-    def __init__(self, folder: Path | None, store: KernelStore | None) -> None:
-        self.folder, self.store = folder, store
+    def __init__(
+        self, folder: Path | None, store: KernelStore | None, users: UsersCache | None = None
+    ) -> None:
+        self.folder, self.store, self.users = folder, store, users
         self.started = time.perf_counter()
 
     def first_step_done(self, rank: int) -> None:
-        """Say what compiling cost the first step; rank 0 then carries new kernels to the store."""
-        logger.info(compile_summary(time.perf_counter() - self.started))
+        """Say what compiling cost the first step; the kernels it added are then kept with
+        the run (rank 0 carries them to a store)."""
+        said = compile_summary(time.perf_counter() - self.started)
+        if self.users is not None and self.users.seeded:
+            said += (f"; {CACHE_ENV} {self.users.folder} was seeded with {self.users.seeded} "
+                     "file(s) of the run's kept kernels")  # fmt: skip
+        logger.info(said)
         if captured_graphs() == 0:
             logger.warning(RAN_EAGERLY)
         if self.store is None and self.folder is not None:
             keep_used_headers(self.folder)
+            if self.users is not None:  # what this run compiled into the user's folder
+                copy_kernels(self.users.folder, self.folder, since=self.users.since)
         if self.store is None or self.folder is None or rank != 0 or cache_counts()[1] == 0:
             return
         name = archive_name(self.folder)
@@ -119,19 +143,28 @@ def kernels_for_run(
         return None
     try:
         if local is not None:
-            return CompiledRun(_kept_in(local, device), None)
+            return _kept_in(local, device)
         return CompiledRun(_unpacked_from(store, device) if store else None, store)
     except UnsafeFolderError as err:
         logger.warning(f"compiled kernels are not kept with the run: {err}")
         return CompiledRun(None, None)
 
 
-def _kept_in(local: Path, device: torch.device) -> Path | None:
-    folder = keep_with_run(local, device)
-    if folder is not None:
-        keep_headers_with(folder)  # (not for a store: 150 MB more in each archive)
-        logger.info(f"compiled kernels kept with the run in {folder} (a resume reuses them)")
-    return folder
+def _kept_in(local: Path, device: torch.device) -> CompiledRun:
+    """The run's kernels kept in ``local``: torch's cache, or beside the user's own."""
+    chosen = seed_users_cache(local, device)
+    if chosen is not None:
+        users, folder, seeded = chosen
+        keep_headers_with(folder)
+        logger.info(f"compiled kernels: torch's cache is your {CACHE_ENV} {users}; the run "
+                    f"keeps its kernels in {folder} too (a resume on a new node is seeded "
+                    "from them)")  # fmt: skip
+        return CompiledRun(folder, None, UsersCache(users, seeded, time.time()))
+    kept = keep_with_run(local, device)
+    if kept is not None:
+        keep_headers_with(kept)  # (not for a store: 150 MB more in each archive)
+        logger.info(f"compiled kernels kept with the run in {kept} (a resume reuses them)")
+    return CompiledRun(kept, None)
 
 
 def archive_name(folder: Path) -> str:
@@ -155,7 +188,7 @@ def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
     with holding(folder.parent / f".{folder.name}.lock"):
         if os.path.lexists(folder):  # only ever renamed into place whole
             check_private(folder)
-            if _holds_kernels(folder):
+            if holds_kernels(folder):
                 use_cache_folder(folder, device)
                 logger.info(f"compiled kernels of the run already on this node in {folder}")
                 return folder
@@ -169,10 +202,6 @@ def _unpacked_from(store: KernelStore, device: torch.device) -> Path | None:
         else f"no compiled kernels in {where} yet for this machine: compiling, then kept there"
     )
     return folder
-
-
-def _holds_kernels(folder: Path) -> bool:
-    return any(entry.name != FINGERPRINT_FILE for entry in folder.iterdir())
 
 
 def _unpack_whole(store: KernelStore, name: str, folder: Path) -> int:

@@ -18,11 +18,14 @@ from helpers.launch_helpers import REPO, SCRIPTS
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(240)]
 
 
-def train(folder: Path, epochs: int, *cpu: str) -> dict[str, Any]:
-    """One process, as on a new node: its own empty /tmp, where torch's default cache is."""
+def train(folder: Path, epochs: int, *cpu: str, scratch: bool = False) -> dict[str, Any]:
+    """One process, as on a new node: its own empty /tmp, where torch's default cache is
+    (``scratch``: the user's own TORCHINDUCTOR_CACHE_DIR there instead, empty too)."""
     node = folder.parent / f"node-{epochs}"
     node.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    if scratch:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(node / "scratch")
     done = subprocess.run(
         [sys.executable, str(SCRIPTS / "compiled_resume.py"), str(folder), str(epochs), *cpu],
         cwd=REPO, capture_output=True, text=True, timeout=200, env={**env, "TMPDIR": str(node)},
@@ -78,3 +81,18 @@ def test_warm_workers_restart_with_the_runs_kernels(tmp_path: Path) -> None:
         runs.append(json.loads(line.split("cache ", 1)[1]))
     assert runs[0]["miss"] > 0, runs  # the first run compiles
     assert runs[1]["hit"] > 0 and runs[1]["miss"] == 0, runs  # the restart loads
+
+
+def test_a_users_own_cache_folder_on_a_new_node_is_seeded_from_the_run(tmp_path: Path) -> None:
+    """TORCHINDUCTOR_CACHE_DIR set by the user (a node-local scratch, as clusters do): the
+    run keeps its kernels all the same, and a resume on a new node, whose scratch is empty,
+    compiles nothing."""
+    tmp_path = tmp_path / "run"
+    first = train(tmp_path, 1, scratch=True)
+    assert first["miss"] > 0 and first["hit"] == 0, first
+    assert list((tmp_path.parent / "node-1" / "scratch").iterdir())  # torch used theirs
+    [kept] = list((tmp_path / "compile-cache").iterdir())
+    assert [p for p in kept.rglob("*") if p.is_file() and p.parent != kept], "nothing kept"
+    resumed = train(tmp_path, 2, scratch=True)
+    assert resumed["hit"] > 0 and resumed["miss"] == 0, resumed
+    assert "was seeded with" in resumed["said"][0] and "node-2/scratch" in resumed["said"][0]

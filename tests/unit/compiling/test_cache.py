@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ from ddpkit.compiling.cache import (
     CACHE_ENV,
     HEADERS,
     cache_folder,
+    copy_kernels,
     keep_headers_with,
     keep_used_headers,
     keep_with_run,
+    seed_users_cache,
 )
 from ddpkit.compiling.keptkernels import kernels_for_run
 
@@ -133,3 +136,38 @@ def test_a_run_folders_kernels_others_can_write_are_refused(tmp_path: Path) -> N
     folder.chmod(0o757)
     with pytest.raises(UnsafeFolderError, match="writable by everyone"):
         keep_with_run(tmp_path, CPU, {})
+
+
+def test_a_users_empty_cache_is_seeded_from_the_runs_kernels(tmp_path: Path) -> None:
+    env = {CACHE_ENV: str(tmp_path / "scratch")}
+    first = seed_users_cache(tmp_path / "run", CPU, env)
+    assert first is not None
+    users, kept, seeded = first
+    assert seeded == 0 and users == tmp_path / "scratch"  # the run had nothing yet
+    assert (kept / "fingerprint.json").exists() and env[CACHE_ENV] == str(users)  # theirs
+    (kept / "fxgraph" / "ab").mkdir(parents=True)
+    (kept / "fxgraph" / "ab" / "graph").write_text("compiled")
+    (kept / "precompiled_headers").mkdir()
+    (kept / "precompiled_headers" / "h.gch").write_text("header")  # stays with the run
+    again = seed_users_cache(tmp_path / "run", CPU, env)  # a resume on a new node
+    assert again is not None and again[2] == 1
+    assert (users / "fxgraph" / "ab" / "graph").read_text() == "compiled"
+    assert (
+        not (users / "precompiled_headers").exists() and not (users / "fingerprint.json").exists()
+    )
+    assert seed_users_cache(tmp_path / "run", CPU, env)[2] == 0  # type: ignore[index]  # has some
+
+
+def test_only_what_the_run_added_to_the_users_cache_is_kept(tmp_path: Path) -> None:
+    users, kept = tmp_path / "scratch", tmp_path / "kept"
+    (users / "old").mkdir(parents=True)
+    (users / "old" / "another-jobs").write_text("x")
+    os.utime(users / "old" / "another-jobs", (1000.0, 1000.0))
+    started = time.time() - 1
+    (users / "new").mkdir()
+    (users / "new" / "ours").write_text("y")
+    (users / "new" / ".ours.tmp").write_text("being written")
+    assert copy_kernels(users, kept, since=started) == 1
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == [
+        "new/ours"
+    ]
