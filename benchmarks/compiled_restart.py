@@ -4,6 +4,8 @@ compile cache is gone). Alternating in one run:
 
 - ``ddpkit run`` and ``ddpkit run --run-path --start-method forkserver``: the Trainer with a
   checkpoint each epoch, ``prepare_model(compile=True)`` (its kernels kept with the run);
+- ``ddpkit run`` with the user's own ``TORCHINDUCTOR_CACHE_DIR`` in each node's scratch
+  (empty on the new node): the run's kept kernels seed it;
 - ``torchrun --standalone``: the tutorials' hand-written equivalent (DDP, ``torch.compile``,
   rank 0's ``torch.save`` each epoch, resume from the newest file).
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -26,8 +29,10 @@ from pathlib import Path
 
 JOB = str(Path(__file__).with_name("compiled_restart_job.py"))
 RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"]
+OWN_CACHE = "ddpkit run (own cache dir)"
 VARIANTS = {
     "ddpkit run": [*RUN, JOB, "ddpkit"],
+    OWN_CACHE: [*RUN, JOB, "ddpkit"],
     "ddpkit run (forkserver)": [*RUN, "--run-path", "--start-method", "forkserver", JOB, "ddpkit"],
     "torchrun + hand-written": [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"),
@@ -36,12 +41,15 @@ VARIANTS = {
 }
 
 
-def restart_seconds(command: list[str]) -> float:
+def restart_seconds(command: list[str], own_cache: bool = False) -> float:
     """Kill to the first step after the restart; NaN when the job failed or hung."""
+    env = {**os.environ, "BENCH_OWN_INDUCTOR_CACHE": "1"} if own_cache else None
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "run"
         try:
-            done = subprocess.run([*command, str(folder)], capture_output=True, timeout=240)
+            done = subprocess.run(
+                [*command, str(folder)], capture_output=True, timeout=240, env=env
+            )
         except subprocess.TimeoutExpired:
             return math.nan
         marks = [folder / "killed", folder / "resumed"]
@@ -57,7 +65,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for _ in range(args.repeat):
         for name, command in VARIANTS.items():
-            times[name].append(restart_seconds(command))
+            times[name].append(restart_seconds(command, own_cache=name == OWN_CACHE))
     medians = {}
     for name, values in times.items():
         ok = [v for v in values if not math.isnan(v)]
@@ -65,7 +73,7 @@ def main() -> None:
         runs = ", ".join("failed" if math.isnan(v) else f"{v:.2f}" for v in values)
         print(f"{name:26s} kill to first step after the restart: median {medians[name]:.2f} s"
               f"  (runs: {runs})")  # fmt: skip
-    for name in ("ddpkit run", "ddpkit run (forkserver)"):
+    for name in ("ddpkit run", OWN_CACHE, "ddpkit run (forkserver)"):
         print(f"ratio {name} / torchrun: {medians[name] / medians['torchrun + hand-written']:.3f}")
 
 

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 WAY, FOLDER = sys.argv[1], Path(sys.argv[2])
+OWN_CACHE_ENV = "BENCH_OWN_INDUCTOR_CACHE"  # 1: TORCHINDUCTOR_CACHE_DIR in each node's scratch
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 if ATTEMPT > 0:  # a new node: an empty /tmp (torch's default compile cache lives there)
     fresh = FOLDER.parent / f"{FOLDER.name}-node-{ATTEMPT}-{os.environ['LOCAL_RANK']}"
@@ -28,6 +29,9 @@ if ATTEMPT > 0:  # a new node: an empty /tmp (torch's default compile cache live
     import tempfile
 
     tempfile.tempdir = None  # read TMPDIR again, whatever ran before the script
+if os.environ.get(OWN_CACHE_ENV):  # the user's own compile cache: a node-local scratch
+    node = f"{FOLDER.name}-node-{ATTEMPT}-{os.environ['LOCAL_RANK']}"
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(FOLDER.parent / node / "scratch")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -323,3 +323,27 @@ def metric_names_by_epoch(extra_on_rank1_in_epoch: int) -> list[list[str]]:
     names = [sorted(k for k in m if k in ("loss", "aux")) for m in loop.history]
     ddpkit.shutdown()
     return names
+
+
+def memory_resume_where_launchers_differ(folder: str) -> object:
+    """Rank 0 restarts (its second attempt) holding a memory snapshot; rank 1 is a host that
+    just joined: its first attempt, no memory folder. Both must agree there is nothing to
+    resume from memory (and not hang in a collective only one of them calls)."""
+    import os
+
+    from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
+    from ddpkit.train.snapshots import MemorySnapshots, resume_from_memory
+
+    rank = int(os.environ["RANK"])
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = "1" if rank == 0 else "0"
+    if rank == 0:
+        os.environ[MEMORY_SNAPSHOTS_ENV] = folder
+    else:
+        os.environ.pop(MEMORY_SNAPSHOTS_ENV, None)
+    ddpkit.init(hang_timeout=30)
+    snapshots = MemorySnapshots.from_environment(sharded=False)
+    if snapshots is not None:
+        snapshots.take({"epoch": 0, "step": 3, "model": {"w": torch.ones(2)}}, None, None)
+    resumed = resume_from_memory(snapshots, loop=None)  # type: ignore[arg-type]  # not reached
+    ddpkit.shutdown()
+    return resumed

@@ -42,7 +42,7 @@ from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.options import LoopKeywords, RunOptions, shows_loop_keywords
 from ddpkit.train.precision import MixedPrecision, check_agrees
 from ddpkit.train.progress import EpochProgress, say_already_trained
-from ddpkit.train.snapshots import MemorySnapshots
+from ddpkit.train.snapshots import MemorySnapshots, resume_from_memory
 from ddpkit.train.state import RunState
 from ddpkit.train.steps import StepOutput
 from ddpkit.train.stop import Stop, StopSignals, leave, preempted
@@ -322,7 +322,7 @@ class TrainLoop:
     def _resumed(self) -> EpochProgress | None:
         """After a restart, the newest step every rank kept in memory; else the newest
         checkpoint (None: neither). The epoch to go on with."""
-        progress = self.snapshots.resume(self) if self.snapshots is not None else None
+        progress = resume_from_memory(self.snapshots, self)  # every rank, with or without
         if progress is None and self.checkpointer is not None:
             progress = self.checkpointer.resume(self)
         return progress

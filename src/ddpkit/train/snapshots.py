@@ -104,19 +104,12 @@ class MemorySnapshots:
         self.ring.write(f"{step}:{epoch}:{phase}", self._order, run_state, own)
         self._order += 1
 
-    def resume(self, loop: Restorable) -> EpochProgress | None:
-        """After a restart, restore the newest snapshot every rank holds whole into
-        ``loop`` (a collective); the epoch to go on with. None: a first attempt, or no
-        such snapshot (the checkpoint folder is next)."""
-        if self.world.restart == 0:
-            return None  # nothing of this job is in memory yet
+    def restore(
+        self, loop: Restorable, key: str, whole: list[dict[str, int]]
+    ) -> EpochProgress | None:
+        """Restore snapshot ``key``, which every rank holds whole, into ``loop`` (a
+        collective: every rank checks its read); the epoch to go on with, or None (said)."""
         started = time.perf_counter()
-        whole = [dict(found) for found in gather_from_ranks(self.ring.whole())]
-        key = newest_common(whole)
-        if key is None:
-            logger.info("memory snapshots: no step every rank holds whole; resuming from the "
-                        "checkpoint folder, if any")  # fmt: skip
-            return None
         restored = self._read(key)
         if restored is None:
             return None
@@ -147,6 +140,44 @@ class MemorySnapshots:
             logger.warning(f"memory snapshots: rank {self.world.rank}: {problem}; resuming "
                            "from the checkpoint folder, if any", extra=EVERY_RANK)  # fmt: skip
         return None
+
+
+def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> EpochProgress | None:
+    """After a restart, the newest snapshot every rank holds whole, restored into ``loop``;
+    the epoch to go on with. None: a first attempt, a rank that keeps no snapshots, or no
+    step all hold (the checkpoint folder is next).
+
+    Every rank calls it, with snapshots or without, and takes part in the same collectives:
+    what decides is agreed, never read off one rank's setup. The launchers of two nodes can
+    differ (a node without ``/dev/shm``; a host that joined an elastic job and restarts for
+    the first time while the others do for the second).
+
+    Example::
+
+        progress = resume_from_memory(loop.snapshots, loop)
+    """
+    world = current_world()
+    mine = snapshots.ring.whole() if snapshots is not None else None
+    held = mine is not None and bool(mine) and world.restart > 0
+    if all_reduce_max(torch.tensor([float(held)])).item() == 0:
+        return None  # nothing of this run is in memory anywhere: no more collectives
+    everyone = gather_from_ranks({"whole": mine})
+    whole = [found["whole"] for found in everyone]
+    if any(found is None for found in whole):
+        missing = [rank for rank, found in enumerate(whole) if found is None]
+        logger.info(f"memory snapshots: rank(s) {_ranks(missing)} keep none; resuming from "
+                    "the checkpoint folder, if any")  # fmt: skip
+        return None
+    key = newest_common([dict(found) for found in whole])
+    if key is None or snapshots is None:
+        logger.info("memory snapshots: no step every rank holds whole; resuming from the "
+                    "checkpoint folder, if any")  # fmt: skip
+        return None
+    return snapshots.restore(loop, key, [dict(found) for found in whole])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks[:8])) + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
 
 
 def _progress_of(shared: dict[str, Any], own: dict[str, Any]) -> EpochProgress:

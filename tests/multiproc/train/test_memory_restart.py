@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import ddpkit
+from helpers import mp_workers
 from helpers.launch_helpers import SCRIPTS, ddpkit_cli
 
 pytestmark = pytest.mark.multiproc
@@ -74,3 +76,14 @@ def test_without_memory_snapshots_a_restart_starts_over(
     assert "resumed from memory" not in output
     assert output.count("training DDP") == 2  # the restart trained from its first step
     same_run(tmp_path, uninterrupted)  # from scratch, it is the same run again
+
+
+@pytest.mark.timeout(120)
+def test_ranks_whose_launchers_differ_agree_not_to_resume_from_memory(tmp_path: Path) -> None:
+    """A host that joined an elastic job restarts for the first time while the others do
+    for the second: rank 0 holds a snapshot, rank 1 keeps none. Neither hangs."""
+    tmp_path.chmod(0o700)
+    assert ddpkit.spawn(mp_workers.memory_resume_where_launchers_differ, 2, str(tmp_path)) == [
+        None,
+        None,
+    ]

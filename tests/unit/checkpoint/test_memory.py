@@ -16,7 +16,7 @@ import ddpkit
 from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
 from ddpkit.checkpoint.memory import SLOTS, SnapshotRing, newest_common, read_snapshot
 from ddpkit.errors import CheckpointError, UnsafeFolderError
-from ddpkit.train.snapshots import MemorySnapshots
+from ddpkit.train.snapshots import MemorySnapshots, resume_from_memory
 
 
 def state(step: int) -> dict[str, object]:
@@ -103,7 +103,7 @@ def test_a_first_attempt_resumes_nothing_from_memory(
         assert snapshots is not None
         snapshots.take({"epoch": 0, "step": 1, "model": {"w": torch.ones(2)}}, None, None)
         assert snapshots.ring.whole() == {"1:0:end": 0}
-        assert snapshots.resume(loop=None) is None  # type: ignore[arg-type]  # restart 0
+        assert resume_from_memory(snapshots, loop=None) is None  # type: ignore[arg-type]
     finally:
         ddpkit.shutdown()
 
