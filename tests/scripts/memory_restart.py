@@ -6,7 +6,8 @@
 schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart
 can only go on from memory). With KILL_AFTER_STEP, rank 1 of the first attempt kills itself
 at the batch after that step (during the next step). Rank 0 writes the final parameters and
-the epochs' metrics to OUT_DIR/final.pt.
+the epochs' metrics to OUT_DIR/final.pt, and the job's memory folder's name to
+OUT_DIR/memory-folder.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
             if loop.optimizer_step(opt):
                 schedule.step()
     if ddpkit.is_main():
+        (out / "memory-folder").write_text(os.environ.get("DDPKIT_MEMORY_SNAPSHOTS", ""))
         weights = ddpkit.unwrap_model(model).state_dict()
         torch.save({"weights": weights, "history": loop.history}, out / "final.pt")
     ddpkit.shutdown()
