@@ -58,7 +58,12 @@ SHARED, OWN = "shared", "own"
 
 @dataclass(frozen=True)
 class Place:
-    """Where one tensor sits in a slot's data file."""
+    """Where one tensor sits in a slot's data file.
+
+    Example::
+
+        Place(SHARED, 0, 0, "torch.float32", (32, 6))   # the first shared tensor, at 0
+    """
 
     space: str  # SHARED (the replicated run state) or OWN (this rank's)
     index: int

@@ -81,7 +81,12 @@ class KernelStore(Protocol):
 class UsersCache:
     """The user's own ``TORCHINDUCTOR_CACHE_DIR``: seeded from the run's kept kernels when
     it had none (``seeded`` files), and what the run compiles into it (files newer than
-    ``since``, wall-clock seconds) kept with the run after the first step."""
+    ``since``, wall-clock seconds) kept with the run after the first step.
+
+    Example::
+
+        UsersCache(Path("/scratch/inductor"), seeded=41, since=time.time())
+    """
 
     folder: Path
     seeded: int

@@ -41,7 +41,12 @@ _fits = itertools.count(1)  # a script may train several times: each run keeps i
 
 
 class Restorable(Protocol):
-    """What a memory snapshot restores: the loop, as :meth:`TrainLoop.load_state_dict`."""
+    """What a memory snapshot restores: the loop, as :meth:`TrainLoop.load_state_dict`.
+
+    Example::
+
+        resume_from_memory(loop.snapshots, loop)   # a TrainLoop is one
+    """
 
     @property
     def step(self) -> int:
