@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ddpkit
+from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
             if loop.optimizer_step(opt):
                 schedule.step()
     if ddpkit.is_main():
-        (out / "memory-folder").write_text(os.environ.get("DDPKIT_MEMORY_SNAPSHOTS", ""))
+        (out / "memory-folder").write_text(os.environ.get(MEMORY_SNAPSHOTS_ENV, ""))
         weights = ddpkit.unwrap_model(model).state_dict()
         torch.save({"weights": weights, "history": loop.history}, out / "final.pt")
     ddpkit.shutdown()

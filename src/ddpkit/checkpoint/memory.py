@@ -80,7 +80,7 @@ class SnapshotRing:
 
     Example::
 
-        ring = SnapshotRing(Path(os.environ["DDPKIT_MEMORY_SNAPSHOTS"]), "fit1.rank0")
+        ring = SnapshotRing(Path(folder), "fit1.rank0")   # the job's folder in /dev/shm
     """
 
     def __init__(self, folder: Path, owner: str, writers: int = 1, share: int = 0) -> None:

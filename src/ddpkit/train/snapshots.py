@@ -30,6 +30,7 @@ import torch
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit._core.privatefolder import check_private
 from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
+from ddpkit._core.text import ranks_text
 from ddpkit.checkpoint.memory import SnapshotRing, newest_common, read_snapshot
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
 from ddpkit.errors import CheckpointError
@@ -170,8 +171,8 @@ def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> E
     whole = [found["whole"] for found in everyone]
     if any(found is None for found in whole):
         missing = [rank for rank, found in enumerate(whole) if found is None]
-        logger.info(f"memory snapshots: rank(s) {_ranks(missing)} keep none; resuming from "
-                    "the checkpoint folder, if any")  # fmt: skip
+        logger.info(f"memory snapshots: {ranks_text(missing, most=8)} keep none; resuming "
+                    "from the checkpoint folder, if any")  # fmt: skip
         return None
     key = newest_common([dict(found) for found in whole])
     if key is None or snapshots is None:
@@ -179,10 +180,6 @@ def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> E
                     "checkpoint folder, if any")  # fmt: skip
         return None
     return snapshots.restore(loop, key, [dict(found) for found in whole])
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(map(str, ranks[:8])) + (f" (+{len(ranks) - 8} more)" if len(ranks) > 8 else "")
 
 
 def _progress_of(shared: dict[str, Any], own: dict[str, Any]) -> EpochProgress:
