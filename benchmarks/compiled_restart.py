@@ -2,10 +2,10 @@
 the restart, on "a new node" (the restarted attempt's /tmp is empty, so torch's default
 compile cache is gone). Alternating in one run:
 
-- ``ddpkit run`` and ``ddpkit run --run-path --start-method forkserver``: the Trainer with a
-  checkpoint each epoch, ``prepare_model(compile=True)`` (its kernels kept with the run);
-- ``ddpkit run`` with the user's own ``TORCHINDUCTOR_CACHE_DIR`` in each node's scratch
-  (empty on the new node): the run's kept kernels seed it;
+- ``ddpkit run --fresh-workers`` and ``ddpkit run`` (warm workers, its default): the Trainer
+  with a checkpoint each epoch, ``prepare_model(compile=True)`` (its kernels kept with the run);
+- ``ddpkit run --fresh-workers`` with the user's own ``TORCHINDUCTOR_CACHE_DIR`` in each
+  node's scratch (empty on the new node): the run's kept kernels seed it;
 - ``torchrun --standalone``: the tutorials' hand-written equivalent (DDP, ``torch.compile``,
   rank 0's ``torch.save`` each epoch, resume from the newest file).
 
@@ -29,11 +29,11 @@ from pathlib import Path
 
 JOB = str(Path(__file__).with_name("compiled_restart_job.py"))
 RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"]
-OWN_CACHE = "ddpkit run (own cache dir)"
+OWN_CACHE = "ddpkit run --fresh-workers (own cache dir)"
 VARIANTS = {
-    "ddpkit run": [*RUN, JOB, "ddpkit"],
-    OWN_CACHE: [*RUN, JOB, "ddpkit"],
-    "ddpkit run (forkserver)": [*RUN, "--run-path", "--start-method", "forkserver", JOB, "ddpkit"],
+    "ddpkit run --fresh-workers": [*RUN, "--fresh-workers", JOB, "ddpkit"],
+    OWN_CACHE: [*RUN, "--fresh-workers", JOB, "ddpkit"],
+    "ddpkit run (warm workers)": [*RUN, JOB, "ddpkit"],
     "torchrun + hand-written": [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"),
         *("2", "--max-restarts", "1", JOB, "hand"),
@@ -73,7 +73,7 @@ def main() -> None:
         runs = ", ".join("failed" if math.isnan(v) else f"{v:.2f}" for v in values)
         print(f"{name:26s} kill to first step after the restart: median {medians[name]:.2f} s"
               f"  (runs: {runs})")  # fmt: skip
-    for name in ("ddpkit run", OWN_CACHE, "ddpkit run (forkserver)"):
+    for name in ("ddpkit run --fresh-workers", OWN_CACHE, "ddpkit run (warm workers)"):
         print(f"ratio {name} / torchrun: {medians[name] / medians['torchrun + hand-written']:.3f}")
 
 

@@ -2,8 +2,8 @@
 
 Runs alternate (ddpkit, warm ddpkit, torchrun, ...) so machine noise hits all alike; the
 medians and their ratios are printed. Target: ratio <= 1.0 (ddpkit no slower). The warm
-variant runs the script in function workers forked from a server that imports torch once
-(``--run-path --start-method forkserver``).
+variant, ``ddpkit run``'s default, runs the script in function workers forked from a server
+that imports torch once; ``--fresh-workers`` gives each worker a ``python`` of its own.
 
     .venv/bin/python benchmarks/launch_overhead.py --repeat 7
 """
@@ -19,11 +19,10 @@ from pathlib import Path
 
 NOOP = str(Path(__file__).with_name("noop_job.py"))
 COMMANDS = {
-    "ddpkit run": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", NOOP],
-    "ddpkit run (forkserver)": [
-        *(sys.executable, "-m", "ddpkit", "run", "--nproc", "2"),
-        *("--run-path", "--start-method", "forkserver", NOOP),
+    "ddpkit run --fresh-workers": [
+        *(sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--fresh-workers", NOOP)
     ],
+    "ddpkit run (warm workers)": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", NOOP],
     "torchrun --standalone": [
         *(sys.executable, "-m", "torch.distributed.run"),
         *("--standalone", "--nproc-per-node", "2", NOOP),
@@ -52,7 +51,7 @@ def main() -> None:
     for name, values in times.items():
         runs = ", ".join(f"{v:.2f}" for v in values)
         print(f"{name:24s} median {medians[name]:.2f} s  (runs: {runs})")
-    for name in ("ddpkit run", "ddpkit run (forkserver)"):
+    for name in ("ddpkit run --fresh-workers", "ddpkit run (warm workers)"):
         ratio = medians[name] / medians["torchrun --standalone"]
         print(f"ratio {name} / torchrun: {ratio:.3f}  (target <= 1.0)")
 

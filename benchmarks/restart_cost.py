@@ -1,9 +1,9 @@
 """What one restart costs: a 2-worker job whose rank 1 is killed (SIGKILL) once, restarted by
 the launcher (``--max-restarts 1``), against the same launcher's plain launch.
 
-Three launchers, alternating in one run: ``ddpkit run`` (a fresh ``python`` per worker, as
-torchrun), ``ddpkit run --run-path --start-method forkserver`` (workers forked from a server
-that imported torch once: a restart forks again from it) and ``torchrun --standalone``. For
+Three launchers, alternating in one run: ``ddpkit run --fresh-workers`` (a fresh ``python``
+per worker, as torchrun), ``ddpkit run`` (its default: workers forked from a server that
+imported torch once, and a restart forks again from it) and ``torchrun --standalone``. For
 each, the median wall time of the job with its restart, of the plain job (`noop_job.py`),
 and their difference: the restart's cost. The job does no training (no checkpoint to load,
 nothing compiled): what is measured is the launcher's and the interpreters' part. A third
@@ -41,10 +41,12 @@ JOBS = {
 }
 TO_FIRST_STEP = "gpt: launch to first step"  # read from the marks the GPT job writes
 LAUNCHERS = {
-    "ddpkit run": [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"],
-    "ddpkit run (forkserver)": [
+    "ddpkit run --fresh-workers": [
         *(sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"),
-        *("--run-path", "--start-method", "forkserver"),
+        "--fresh-workers",
+    ],
+    "ddpkit run (warm workers)": [
+        *(sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"),
     ],
     "torchrun --standalone": [
         *(sys.executable, "-m", "torch.distributed.run", "--standalone"),

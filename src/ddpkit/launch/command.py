@@ -35,6 +35,7 @@ from ddpkit.launch.torchrun_flags import (
     rendezvous_flags,
     resolve_nproc,
 )
+from ddpkit.launch.warm.choice import choose_workers, warm
 from ddpkit.launch.warm.forkserver import start_warm_server
 
 if TYPE_CHECKING:
@@ -104,6 +105,12 @@ def add_own_arguments(run: argparse.ArgumentParser) -> None:
         "lines several ranks print alike into one '[ranks 0-3] ...' line",
     )
     ours.add_argument(
+        "--fresh-workers",
+        action="store_true",
+        help="start each worker as a fresh python, as torchrun does, instead of forking it "
+        "from this launch's warm server (which imported torch once: the default)",
+    )
+    ours.add_argument(
         "--no-memory-snapshots",
         dest="memory_snapshots",
         action="store_false",
@@ -130,8 +137,8 @@ def add_own_arguments(run: argparse.ArgumentParser) -> None:
 def parse_quickly(argv: Sequence[str]) -> argparse.Namespace | None:
     """``run``'s command line parsed without torch's parser where ddpkit can read it alone
     (``--hosts``: this machine runs no worker, :mod:`ddpkit.launch.quickparse`); else None.
-    A warm server (``--run-path --start-method forkserver``) is started here, so that it
-    imports torch while torch's parser does: on two cores the launcher's import is then free.
+    The warm server (the default, :mod:`ddpkit.launch.warm.choice`) is started here, so that
+    it imports torch while torch's parser does: on two cores the launcher's import is then free.
 
     Example:
         >>> parse_quickly(["--nproc", "2", "train.py"]) is None  # a launch here: torch's parser
@@ -143,20 +150,19 @@ def parse_quickly(argv: Sequence[str]) -> argparse.Namespace | None:
     if args is not None and hosts_given(args):
         args.argv = list(argv)
         return args
-    if args is not None and _warm(args) and str(args.nproc_per_node).isdigit():
+    if args is None:
+        return None
+    choose_workers(args)
+    if warm(args) and str(args.nproc_per_node).isdigit():
         start_warm_server({**_threads(args), **worker_settings(args)})  # gpu/auto: torch's
     return None
 
 
-def _warm(args: argparse.Namespace) -> bool:
-    return bool(args.run_path) and args.start_method == "forkserver"
-
-
 def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     """``run``'s command line parsed; then torch's launcher imported (the seconds in which
-    ``ddpkit``'s entry point only notes a stop signal). With ``--run-path --start-method
-    forkserver`` the workers' server starts first, importing torch._dynamo and ddpkit while
-    the launcher's modules load; ``--hosts`` imports no launcher here.
+    ``ddpkit``'s entry point only notes a stop signal). Warm workers' server (the default)
+    starts first, importing torch._dynamo and ddpkit while the launcher's modules load;
+    ``--hosts`` imports no launcher here.
 
     Example::
 
@@ -164,7 +170,9 @@ def parse(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Name
     """
     args = parser.parse_args(argv)
     args.argv = list(argv)  # --hosts passes it on to every host
-    if _warm(args):  # started already, unless the command line needed torch's parser
+    choose_workers(args)
+    # started already, unless the command line needed torch's parser; --hosts runs no worker
+    if warm(args) and not hosts_given(args):
         # spawn where no server can start (a long TMPDIR: said once, with the fix)
         args.start_method = start_warm_server({**_threads(args), **worker_settings(args)})
     if not hosts_given(args):  # --hosts starts ddpkit run on each host: no torch here
@@ -190,6 +198,7 @@ def main(args: argparse.Namespace) -> int:
     if hosts_given(args):  # each host's ddpkit run checks the whole command line itself
         return run_hosts(args, getattr(args, "argv", []))
     check_supported(args)
+    choose_workers(args)
     stop_at_end_of_input()  # started by --hosts over ssh: its connection is its lifeline
     program = Program(args.training_script, tuple(args.training_script_args),
                       module=args.module, no_python=args.no_python,
@@ -227,6 +236,7 @@ def launch_plan(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     """
     from ddpkit.launch.plan import LaunchPlan, plan_from_pod, plan_from_slurm
 
+    choose_workers(args)
     env = os.environ if environ is None else environ
     pod = detect_pod_job(env)
     from_pod = pod is not None and not _rendezvous_given(args, env)

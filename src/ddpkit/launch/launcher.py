@@ -364,7 +364,10 @@ def _start_method_of(plan: LaunchPlan, command: object) -> str:
     if not callable(command):
         return ""
     if plan.start_method == "forkserver" and warm_start_method() == "forkserver":
-        return "; workers forked from a server that imported torch once (--start-method forkserver)"
+        return (
+            "; workers forked from a server that imported torch once (--fresh-workers: a "
+            "python each)"
+        )
     return f"; workers started by {plan.start_method} from a function (--run-path)"
 
 

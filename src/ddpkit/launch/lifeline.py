@@ -29,6 +29,7 @@ from ddpkit._core.protocol import LAUNCHER_PID_ENV, STDIN_LIFELINE_ENV
 from ddpkit.launch.warm.forkserver import (
     fresh_process_state,
     fresh_signal_state,
+    ignored_stop_signals,
     restore_launch_environment,
 )
 
@@ -100,14 +101,15 @@ class Tied:
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self.launch_env = dict(os.environ)
-        # where the launcher ignores Ctrl-C (a background job), a fresh worker would too
+        # where the launcher ignores Ctrl-C (a background job) or SIGHUP (nohup), a fresh
+        # worker would too
         on_main = threading.current_thread() is threading.main_thread()
-        self.sigint_ignored = on_main and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+        self.ignored = ignored_stop_signals() if on_main else frozenset()
         self.__name__ = getattr(fn, "__name__", "worker")
         self.__qualname__ = getattr(fn, "__qualname__", self.__name__)
 
     def __call__(self, *args: Any) -> Any:
-        fresh_signal_state(self.sigint_ignored)
+        fresh_signal_state(self.ignored)
         restore_launch_environment(self.launch_env)
         fresh_process_state()  # after the launch's environment: its OMP_NUM_THREADS
         die_with_launcher()

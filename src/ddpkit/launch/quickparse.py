@@ -41,7 +41,7 @@ _READ = {
     ("--rdzv-endpoint", "--rdzv_endpoint"): ("rdzv_endpoint", ""),
     ("--rdzv-backend", "--rdzv_backend"): ("rdzv_backend", None),
     ("--rdzv-id", "--rdzv_id"): ("rdzv_id", None),
-    ("--start-method", "--start_method"): ("start_method", "spawn"),
+    ("--start-method", "--start_method"): ("start_method", None),  # None: warm.choice says
 }
 _READ_SWITCHES = {
     "--standalone": "standalone",

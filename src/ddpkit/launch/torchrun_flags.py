@@ -33,7 +33,15 @@ from ddpkit._core.torchversion import torch_at_least, torch_text
 from ddpkit.errors import ConfigError
 
 # torchrun's defaults for these say nothing the user chose: None tells "not given".
-_UNSET_UNLESS_GIVEN = ("rdzv_backend", "rdzv_id", "master_addr", "master_port", "node_rank")
+# start_method: None until ddpkit.launch.warm.choice picks warm workers or torchrun's own
+_UNSET_UNLESS_GIVEN = (
+    "rdzv_backend",
+    "rdzv_id",
+    "master_addr",
+    "master_port",
+    "node_rank",
+    "start_method",
+)
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0")
 _BACKENDS = ("static", "c10d")
 # Flags of torch's launcher that ddpkit's launch does not carry; refused when not default.

@@ -5,6 +5,8 @@ agent waiting for a result that never comes."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -12,7 +14,7 @@ import sys
 
 import pytest
 
-from helpers.jobs import wait_until
+from helpers.jobs import children, wait_until
 from helpers.launch_helpers import REPO, SCRIPTS, ddpkit_cli
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(170)]
@@ -87,11 +89,21 @@ def test_a_worker_has_what_a_fresh_interpreter_has(method: str, monkeypatch) -> 
         assert "workers forked from a server that imported torch once" in out
 
 
-def test_a_fresh_worker_shows_its_own_command_line_and_environment(monkeypatch) -> None:
-    """Without --run-path nothing renames a worker: its command line is its interpreter's,
-    and its rank stays readable in /proc/PID/environ (setproctitle's set-up overwrites it)."""
-    monkeypatch.delenv("PET_RUN_PATH", raising=False)  # the tier run with warm workers on
+def test_ddpkit_run_forks_warm_workers_unless_asked_for_fresh_ones() -> None:
+    """Warm workers are the default (issue 67): a plain ``ddpkit run`` line forks its
+    workers from the server, and they look like fresh interpreters (as above)."""
     done = ddpkit_cli("run", "--nproc", "2", SCRIPT, "state", timeout=150)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert "workers forked from a server that imported torch once" in out, out
+    for rank in (0, 1):
+        assert re.search(rf"cmdline rank={rank}: .+ \(ddpkit rank {rank}\)$", out, re.M), out
+
+
+def test_a_fresh_worker_shows_its_own_command_line_and_environment() -> None:
+    """With --fresh-workers nothing renames a worker: its command line is its interpreter's,
+    and its rank stays readable in /proc/PID/environ (setproctitle's set-up overwrites it)."""
+    done = ddpkit_cli("run", "--nproc", "2", "--fresh-workers", SCRIPT, "state", timeout=150)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     for rank in (0, 1):
@@ -135,7 +147,7 @@ def test_a_stopped_workers_own_children_are_stopped_with_it(method: str, tmp_pat
     alone: the worker relays the signal to what the script started (here a child process
     of rank 0, which torch stops when rank 1 fails), else it would run on."""
     report = tmp_path / "child.txt"
-    warm = [] if method == "fresh" else ["--run-path", "--start-method", method]
+    warm = ["--fresh-workers"] if method == "fresh" else ["--run-path", "--start-method", method]
     done = ddpkit_cli("run", "--nproc", "2", *warm, SCRIPT, "child_stop", str(report),
                       timeout=150)  # fmt: skip
     out = done.stdout + done.stderr
@@ -171,3 +183,34 @@ def test_every_signal_that_stops_the_launcher_reaches_a_workers_children(
     wait_until(lambda: len(report.read_text().splitlines()) == 2, 20, f"the child's {stop}")
     said = report.read_text().splitlines()
     assert said == ["child started", f"child stopped by {stop}"], log.read_text()
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGUSR1"])
+def test_a_stop_sent_to_every_process_of_the_job_still_checkpoints(stop: str, tmp_path) -> None:
+    """SLURM's scancel signals every process of the job step, the warm server among them:
+    it must outlive the signal, or torch's agent reads every worker as failed (exit 255)
+    before any can checkpoint (found when warm workers became the default, issue 67)."""
+    log = tmp_path / "job.log"
+    with log.open("w") as out:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "examples/wine.py",
+             "--epochs", "500", "--checkpoint-dir", str(tmp_path / "ck")],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_until(lambda: "epoch 3/" in log.read_text() or job.poll() is not None, 120,
+                   "epoch 3")  # fmt: skip
+        everyone, parents = [job.pid], [job.pid]
+        while parents:  # the launcher, the warm server, the workers: as SLURM finds them
+            below = children(parents.pop())
+            everyone += below
+            parents += below
+        for pid in everyone:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, getattr(signal, stop))
+        assert job.wait(timeout=90) == 75, log.read_text()
+    finally:
+        job.kill()
+    said = log.read_text()
+    assert f"workers stopped by {stop} at " in said and "after saving" in said, said
+    assert "Traceback" not in said, said  # Python's resource tracker lived on too

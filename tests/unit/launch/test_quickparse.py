@@ -84,8 +84,11 @@ def test_a_bad_value_of_ddpkits_own_flag_is_refused_here(capsys) -> None:
 
 
 WARM = [
+    ["--nproc", "2", "--hang-timeout", "30", "t.py"],  # the default: warm workers
     ["--run-path", "--start-method", "forkserver", "--nproc", "2", "--hang-timeout", "30", "t.py"],
     ["--nproc_per_node=2", "--run_path", "--start_method=forkserver", "--hang-timeout=30", "t.py"],
+    ["--start-method", "forkserver", "--nproc", "2", "--hang-timeout", "30", "t.py"],
+    ["--run-path", "--nproc", "2", "--hang-timeout", "30", "t.py"],
 ]  # fmt: skip
 
 
@@ -99,8 +102,11 @@ def test_warm_workers_start_their_server_from_the_quick_reading(argv, monkeypatc
 
 
 @pytest.mark.parametrize("argv", [
-    ["--run-path", "--nproc", "2", "t.py"],  # spawn: no server
-    ["--start-method", "forkserver", "--nproc", "2", "t.py"],  # a fresh python per worker
+    ["--fresh-workers", "--nproc", "2", "t.py"],  # a fresh python per worker, asked for
+    ["--run-path", "--fresh-workers", "--nproc", "2", "t.py"],  # spawned from a function
+    ["--run-path", "--start-method", "spawn", "--nproc", "2", "t.py"],  # torchrun's meaning
+    ["--start-method", "fork", "--nproc", "2", "t.py"],  # torchrun's: a python per worker
+    ["--no-python", "--nproc", "2", "echo"],  # an executable: nothing to fork
     ["--run-path", "--start-method", "forkserver", "--nproc", "gpu", "t.py"],  # needs torch
     ["--run-path", "--start-method", "forkserver", "--max-rest", "1", "t.py"],  # abbreviated
 ])  # fmt: skip

@@ -81,17 +81,22 @@ def test_only_a_process_that_leads_its_group_relays() -> None:
 
 
 def test_a_function_worker_gets_the_signal_state_of_a_fresh_interpreter() -> None:
-    """Whatever its creator left (Python's forkserver ignores Ctrl-C, a server's thread may
-    block signals), a function worker's main thread has none blocked and SIGINT raising
-    KeyboardInterrupt; ignored only where its launcher ignored it (a background job)."""
+    """Whatever its creator left (the warm server blocks every stop signal, Python's
+    forkserver ignores Ctrl-C, a server's thread may block signals), a function worker's main
+    thread has none blocked, SIGINT raising KeyboardInterrupt and SIGTERM ending it; each
+    ignored only where its launcher ignored it (a background job's SIGINT, nohup's SIGHUP)."""
     lines = run(
         """
         import signal
-        from ddpkit.launch.warm.forkserver import fresh_signal_state
-        for ignored in (False, True):
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # as the forkserver leaves it
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-            fresh_signal_state(sigint_ignored=ignored)
+        from ddpkit.launch.warm.forkserver import STOP_SIGNALS, fresh_signal_state
+        for ignored in (frozenset(), frozenset({signal.SIGINT, signal.SIGHUP})):
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # as the server has it
+            fresh_signal_state(ignored)
+            print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+                  signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL,
+                  signal.getsignal(signal.SIGHUP) == signal.SIG_IGN)
             try:
                 signal.raise_signal(signal.SIGINT)
                 print("ignored", signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set())
@@ -99,7 +104,34 @@ def test_a_function_worker_gets_the_signal_state_of_a_fresh_interpreter() -> Non
                 print("caught KeyboardInterrupt")
     """
     )
-    assert lines == ["caught KeyboardInterrupt", "ignored True"], lines
+    assert lines == [
+        "True True False",
+        "caught KeyboardInterrupt",
+        "True True True",
+        "ignored True",
+    ], lines
+
+
+def test_the_warm_server_and_its_tracker_outlive_a_stop_signal_sent_to_the_whole_job() -> None:
+    """SLURM's scancel signals every process of the job step: the server and Python's
+    resource tracker must not end (the server's end makes torch's agent read every worker as
+    failed, exit 255, before any could checkpoint; the tracker's, a traceback per lock)."""
+    lines = run(
+        """
+        import os, signal, time
+        from multiprocessing import forkserver, resource_tracker
+        from ddpkit.launch.warm.forkserver import start_warm_server
+        start_warm_server({})
+        pids = [forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid]
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT):
+            for pid in pids:
+                os.kill(pid, sig)
+        time.sleep(0.5)
+        print([os.waitpid(pid, os.WNOHANG) == (0, 0) for pid in pids])
+        print(signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set())  # the launcher's own
+    """
+    )
+    assert lines == ["[True, True]", "True"], lines
 
 
 def test_the_relay_thread_never_takes_a_signal_from_the_main_thread() -> None:

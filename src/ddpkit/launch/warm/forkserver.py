@@ -20,17 +20,18 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing
 import multiprocessing.util
 import os
 import signal
 import sys
-from collections.abc import Mapping
-from multiprocessing import forkserver
+from collections.abc import Iterator, Mapping
+from multiprocessing import forkserver, resource_tracker
 
 from ddpkit._core.log import logger
-from ddpkit._core.protocol import WARM_SERVER_ENV
+from ddpkit._core.protocol import FORWARDED_SIGNALS, WARM_SERVER_ENV
 
 # Imported by the server once, inherited by every worker it forks: torch with dynamo (which
 # the first optimizer step imports), ddpkit's training API and the workers' first module.
@@ -112,7 +113,12 @@ def start_warm_server(server_env: Mapping[str, str]) -> str:
         added = {k: v for k, v in server_env.items() if k not in os.environ}
         os.environ.update(added)
         try:
-            forkserver.ensure_running()
+            # the tracker first, alone: starting it unblocks SIGINT and SIGTERM (it ignores
+            # them itself), which the server must not inherit unblocked
+            with stop_signals_blocked():
+                resource_tracker.ensure_running()
+            with stop_signals_blocked():
+                forkserver.ensure_running()
         finally:
             for name in added:
                 os.environ.pop(name, None)
@@ -185,16 +191,61 @@ def fresh_process_state(environ: Mapping[str, str] | None = None) -> None:
         numpy.random.seed()  # from the OS's entropy, as at a fresh import
 
 
-def fresh_signal_state(sigint_ignored: bool = False) -> None:
-    """Give this worker the signal state a fresh ``python script.py`` under the same launcher
-    has: no signal blocked in its main thread, and Ctrl-C's SIGINT raising KeyboardInterrupt
-    (ignored only where the launcher itself ignored it, as a background job's does).
+# The signals that stop a job (torch's agent passes them on). The warm server and Python's
+# resource tracker start with them blocked (SIGINT they ignore themselves), so that one sent
+# to every process of the job (SLURM's scancel, scancel --signal=USR1) ends neither: the
+# server's end would close the pipes through which torch's agent learns how each worker
+# ended, and every worker would read as failed (exit 255) before any could checkpoint; the
+# tracker's would print a traceback for every lock a worker frees.
+STOP_SIGNALS = frozenset(getattr(signal, name) for name in FORWARDED_SIGNALS)
 
-    A function worker inherits its creator's instead: Python's forkserver ignores SIGINT
-    and puts back the handler it found when it started, a server's main thread blocks
-    signals while it starts a resource tracker, and torch's wrapper makes SIGINT the
-    worker's parent-death signal; a script that catches KeyboardInterrupt must not depend on
-    which of these its worker happened to see.
+
+def ignored_stop_signals() -> frozenset[int]:
+    """The stop signals this process ignores (a background job ignores SIGINT, ``nohup``
+    SIGHUP): a fresh worker started here would ignore them too. Read on the main thread.
+
+    Example:
+        >>> signal.SIGKILL in ignored_stop_signals()
+        False
+    """
+    return frozenset(sig for sig in STOP_SIGNALS if signal.getsignal(sig) == signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def stop_signals_blocked() -> Iterator[None]:
+    """Around the start of the server and its resource tracker: they inherit the blocked
+    stop signals (a mask survives fork and exec), and a signal this launcher gets meanwhile
+    waits, it is not lost. The server still leaves with its launcher (Python's forkserver
+    ends when the launcher's end of its pipe closes); each worker unblocks them first thing
+    (:func:`fresh_signal_state`).
+
+    Example::
+
+        with stop_signals_blocked():
+            forkserver.ensure_running()
+    """
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS - {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def fresh_signal_state(ignored: frozenset[int] = frozenset()) -> None:
+    """Give this worker the signal state a fresh ``python script.py`` under the same launcher
+    has: no signal blocked in its main thread, Ctrl-C's SIGINT raising KeyboardInterrupt and
+    the other stop signals ending it (each ignored only where the launcher itself ignored it,
+    as a background job's SIGINT, ``nohup``'s SIGHUP: ``ignored``).
+
+    A function worker inherits its creator's instead: the warm server blocks every stop
+    signal (:func:`stop_signals_blocked`), Python's forkserver puts back the SIGINT handler
+    it found when it started, a server's main thread blocks signals while it starts a
+    resource tracker, and torch's wrapper makes SIGINT the worker's parent-death signal; a
+    script that catches KeyboardInterrupt or SIGTERM must not depend on which of these its
+    worker saw.
 
     Example::
 
@@ -202,7 +253,9 @@ def fresh_signal_state(sigint_ignored: bool = False) -> None:
     """
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_SETMASK, set())
-    signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_ignored else signal.default_int_handler)
+    for sig in STOP_SIGNALS:
+        default = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        signal.signal(sig, signal.SIG_IGN if sig in ignored else default)
 
 
 def take_launcher_stdin() -> None:
