@@ -1,12 +1,14 @@
-"""A job whose rank 1 is killed with SIGKILL in its first attempt (ddpkit run --max-restarts 1).
+"""A job whose last rank is killed with SIGKILL in its first attempt (ddpkit run
+--max-restarts 1).
 
     memory_restart.py OUT_DIR [KILL_AFTER_STEP]
+    MEMORY_RESTART_STRATEGY=fsdp memory_restart.py ...   # sharded: each rank keeps its shards
 
 2 epochs of 40 steps (a global batch of 16), dropout (the random streams count), AdamW with a
-schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart
-can only go on from memory). With KILL_AFTER_STEP, rank 1 of the first attempt kills itself
-at the batch after that step (during the next step). Rank 0 writes the final parameters and
-the epochs' metrics to OUT_DIR/final.pt, and the job's memory folder's name to
+schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart can
+only go on from memory). With KILL_AFTER_STEP, the last rank of the first attempt kills itself
+at the batch after that step (during the next step). Rank 0 writes the final parameters and the
+epochs' metrics to OUT_DIR/final.pt, and the job's memory folder's name to
 OUT_DIR/memory-folder.
 """
 
@@ -23,6 +25,7 @@ from torch import nn
 
 import ddpkit
 from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
+from ddpkit.parallel.strategy import strategy_of
 
 
 def main() -> None:
@@ -31,7 +34,7 @@ def main() -> None:
     world = ddpkit.init(seed=0)
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 3))
-    model = ddpkit.prepare_model(net)
+    model = ddpkit.prepare_model(net, strategy=os.environ.get("MEMORY_RESTART_STRATEGY", "ddp"))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     generator = torch.Generator().manual_seed(1)
@@ -43,14 +46,15 @@ def main() -> None:
     loop = ddpkit.TrainLoop(parts, out / "checkpoints", save_every_steps=1000)
     for _epoch in loop.epochs(2):
         for x, y in loop.batches(loader):
-            if loop.step == kill_after and world.rank == 1 and world.restart == 0:
+            last = world.rank == world.world_size - 1  # rank 1 of 2 (the only one on 1 GPU)
+            if loop.step == kill_after and last and world.restart == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # in the middle of the next step
             loop.backward(F.cross_entropy(model(x), y))
             if loop.optimizer_step(opt):
                 schedule.step()
+    weights = strategy_of(model).full_state(model)  # FSDP: a collective, every rank
     if ddpkit.is_main():
         (out / "memory-folder").write_text(os.environ.get(MEMORY_SNAPSHOTS_ENV, ""))
-        weights = ddpkit.unwrap_model(model).state_dict()
         torch.save({"weights": weights, "history": loop.history}, out / "final.pt")
     ddpkit.shutdown()
 

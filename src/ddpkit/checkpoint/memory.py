@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from ddpkit._compat.foreach import copy_all
 from ddpkit._core.log import EVERY_RANK, logger
 from ddpkit.errors import CheckpointError
 from ddpkit.runtime.tensortree import map_tensors
@@ -103,8 +104,7 @@ class SnapshotRing:
         mine = [t for t in tensors if t[0] == SHARED and t[1] % self.writers == self.share]
         small = [_inline(t) for space, _index, t in tensors if space == OWN]  # random states...
         places, size, views = self._places(slot, mine)  # as plain values, for the header
-        for view, (_space, _index, tensor) in zip(views, mine, strict=True):
-            view.copy_(tensor)
+        copy_all(views, [tensor for _space, _index, tensor in mine])
         data = self._maps[slot][1]
         header = {"key": key, "order": order, "skeletons": skeletons, "sum": _sum64(data[:size]),
                   "size": size, "places": places,
@@ -254,7 +254,7 @@ def _skeleton(state: Any, space: str, tensors: list[tuple[str, int, torch.Tensor
 
     def mark(tensor: torch.Tensor) -> tuple[str, str, int]:
         index = len(tensors) - first  # each space is walked in one go
-        tensors.append((space, index, tensor.detach()))
+        tensors.append((space, index, tensor))  # copied without autograd: no detach (1 us each)
         return (_MARK, space, index)
 
     return map_tensors(state, mark)

@@ -11,8 +11,6 @@ whatever trains inside each group, through torchft (``pip install 'ddpkit[ft]'``
   same on every group, for the exchange.
 - :mod:`~ddpkit.faulttolerance.heal`: a group that comes back receives the run's state from a
   live peer (loaded with ``weights_only=True``); the lighthouse.
-- :mod:`~ddpkit.faulttolerance.shards`: a sharded model (FSDP, HSDP) inside the groups: what
-  crosses between them is each rank's own shard.
 - :mod:`~ddpkit.faulttolerance.members`: which groups took part in each step, said when it
   changes.
 - :mod:`~ddpkit.faulttolerance.quorum`: quorum numbers kept unique across a lighthouse's

@@ -32,7 +32,7 @@ from ddpkit.faulttolerance.buckets import Buckets
 from ddpkit.faulttolerance.exchange import check_gloo_interface, exchange_store, meeting_address
 from ddpkit.faulttolerance.members import Members
 from ddpkit.faulttolerance.quorum import install as install_quorum_numbers
-from ddpkit.faulttolerance.shards import local, local_state, resharded
+from ddpkit.parallel.shards import local, local_state, resharded
 
 if TYPE_CHECKING:
     from ddpkit.env.world import World
@@ -127,7 +127,7 @@ class GroupManager:
 
     def attach(self, run: Restorable) -> None:
         """A peer that heals from this group receives ``run`` whole (before any quorum)."""
-        # A sharded model's state crosses as each rank's own shards (faulttolerance/shards.py)
+        # A sharded model's state crosses as each rank's own shards (parallel/shards.py)
         self.manager.register_state_dict_fn(
             "ddpkit", lambda state: run.load_state_dict(resharded(state, run)),
             lambda: local_state(run.state_dict()),

@@ -28,7 +28,6 @@ Example:
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +36,7 @@ from torch import nn
 
 from ddpkit._core.log import logger
 from ddpkit.errors import ConfigError
+from ddpkit.parallel.shards import is_sharded
 from ddpkit.parallel.weightfiles import WeightFile
 
 
@@ -158,7 +158,7 @@ def _copy_in(target: torch.Tensor, full: torch.Tensor, name: str, where: Path) -
         )
     with torch.no_grad():
         full = full.to(target.dtype)
-        if not _is_dtensor(target):
+        if not is_sharded(target):
             target.copy_(full)
             return
         from torch.distributed.tensor import DTensor, distribute_tensor
@@ -172,7 +172,7 @@ def _copy_in(target: torch.Tensor, full: torch.Tensor, name: str, where: Path) -
 def _read_shard(target: torch.Tensor, weights: WeightFile, name: str) -> bool:
     """Read this rank's rows of a row-sharded DTensor (FSDP's Shard(0), HSDP's too) from the
     file into its local storage: no full tensor, no memory map. False where it cannot."""
-    if not _is_dtensor(target):
+    if not is_sharded(target):
         return False
     chunks = target.__create_chunk_list__()  # type: ignore[attr-defined]
     local = target.to_local()  # type: ignore[attr-defined]
@@ -185,12 +185,6 @@ def _read_shard(target: torch.Tensor, weights: WeightFile, name: str) -> bool:
         return False
     local.copy_(staged)
     return True
-
-
-def _is_dtensor(tensor: torch.Tensor) -> bool:
-    # Without DTensor's module loaded (FSDP loads it), no tensor can be one: nothing imported.
-    dtensor = sys.modules.get("torch.distributed.tensor")
-    return dtensor is not None and isinstance(tensor, dtensor.DTensor)
 
 
 def _check_names(targets: dict[str, torch.Tensor], weights: WeightFile) -> None:

@@ -3,14 +3,16 @@
 Under ``ddpkit run`` with restarts (``--max-restarts``), after each optimizer step (and at
 each epoch's end) every rank copies what a resume needs into the job's folder in
 ``/dev/shm`` (:mod:`ddpkit.checkpoint.memory`): the run's state (model, optimizers,
-schedulers, grad scaler; DDP's identical replicas shared out between the node's ranks), its
-random generators, the loader's generator and its place in the epoch with its own metric
-sums. When torch's agent restarts the workers, they agree (one all-gather) on the newest
-snapshot every rank holds whole and go on from it: nothing is read from storage, and the run
-ends as an uninterrupted one does. Without a whole common snapshot they resume from the
-checkpoint folder, as before. Durable checkpoints keep their own schedule.
+schedulers, grad scaler; DDP's identical replicas shared out between the node's ranks, a
+sharded model's shards each kept by its own rank), its random generators, the loader's
+generator and its place in the epoch with its own metric sums. When torch's agent restarts
+the workers, they agree (one all-gather) on the newest snapshot every rank holds whole and
+go on from it: nothing is read from storage, and the run ends as an uninterrupted one does.
+Without a whole common snapshot they resume from the checkpoint folder, as before. Durable
+checkpoints keep their own schedule.
 
-Sharded models (FSDP) are not kept in memory yet: they resume from their checkpoints.
+A sharded model (FSDP, HSDP) is kept as each rank's own shards, plain tensors
+(:mod:`ddpkit.parallel.shards`), and made DTensors again with the restarted run's mesh.
 
 Example::
 
@@ -34,6 +36,7 @@ from ddpkit._core.text import ranks_text
 from ddpkit.checkpoint.memory import SnapshotRing, newest_common, read_snapshot
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
 from ddpkit.errors import CheckpointError
+from ddpkit.parallel.shards import local_state, resharded
 from ddpkit.runtime.collectives import all_reduce_max
 from ddpkit.runtime.session import current_world
 from ddpkit.train.progress import EpochProgress
@@ -53,6 +56,11 @@ class Restorable(Protocol):
     def step(self) -> int:
         """Optimizer steps taken."""
 
+    @property
+    def run(self) -> Any:
+        """The run's state (:class:`~ddpkit.train.state.RunState`): a sharded model's
+        layout to restore into."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the run's state."""
 
@@ -67,27 +75,26 @@ class MemorySnapshots:
 
     @classmethod
     def from_environment(cls, sharded: bool) -> MemorySnapshots | None:
-        """The run's snapshots when the launcher gave a memory folder (None: off, or a
-        sharded model, said once)."""
+        """The run's snapshots when the launcher gave a memory folder (None: off);
+        ``sharded``: the model's state differs per rank (FSDP, HSDP)."""
         folder = os.environ.get(MEMORY_SNAPSHOTS_ENV)
         if not folder:
             return None
-        if sharded:
-            logger.info("memory snapshots: a sharded model (FSDP) is not kept in memory yet; "
-                        "a restart resumes from its checkpoints")  # fmt: skip
-            return None
         check_private(Path(folder))  # nothing read back from a folder others could write
-        return cls(Path(folder), next(_fits))
+        return cls(Path(folder), next(_fits), sharded)
 
-    def __init__(self, folder: Path, fit: int) -> None:
+    def __init__(self, folder: Path, fit: int, sharded: bool = False) -> None:
         world = current_world()
-        self.world = world
+        self.world, self.sharded = world, sharded
         first = world.rank - world.local_rank  # the node's ranks are consecutive
         name = f"fit{fit}.rank"
-        self.ring = SnapshotRing(folder, f"{name}{world.rank}", world.local_world_size,
-                                 world.local_rank)  # fmt: skip
-        self.node = [SnapshotRing(folder, f"{name}{first + i}")
-                     for i in range(world.local_world_size) if first + i != world.rank]  # fmt: skip
+        # DDP's replicas are identical: the node's ranks share the copying out, each every
+        # N-th tensor. A sharded model's shards are each rank's own: kept whole by it.
+        writers, share = (1, 0) if sharded else (world.local_world_size, world.local_rank)
+        self.ring = SnapshotRing(folder, f"{name}{world.rank}", writers, share)
+        others = [] if sharded else [first + i for i in range(world.local_world_size)]
+        self.node = [SnapshotRing(folder, f"{name}{rank}") for rank in others
+                     if rank != world.rank]  # fmt: skip
         self._order = 0
 
     def take(
@@ -101,6 +108,8 @@ class MemorySnapshots:
         the loader's for the next epoch). No collective: each rank copies its part."""
         epoch, step = int(run_state["epoch"]), int(run_state["step"])
         phase = "step" if progress is not None else "end"
+        if self.sharded:  # plain tensors: this rank's shards, views of its memory
+            run_state = local_state(run_state)
         own = {
             "rng": capture_rng(),
             "loader_generator": progress.generator_state if progress is not None else generator,
@@ -120,7 +129,7 @@ class MemorySnapshots:
         if restored is None:
             return None
         shared, own = restored
-        loop.load_state_dict(shared)
+        loop.load_state_dict(resharded(shared, loop.run) if self.sharded else shared)
         progress = _progress_of(shared, own)
         self._order = whole[0][key] + 1
         newest = max(int(k.split(":")[0]) for found in whole for k in found)

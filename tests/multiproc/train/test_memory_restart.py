@@ -3,8 +3,8 @@ step kept in the node's memory, read nothing from storage, and end bit-identical
 uninterrupted run; the job's memory folder is gone after it.
 
 tests/scripts/memory_restart.py trains 2 epochs of 40 steps with dropout, AdamW and a schedule
-under ``ddpkit run --max-restarts 1``; its checkpoint folder is written only at the end, so a
-resume from storage would start over.
+under ``ddpkit run --max-restarts 1`` (DDP, and FSDP); its checkpoint folder is written only at
+the end, so a resume from storage would start over.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from helpers.launch_helpers import SCRIPTS, ddpkit_cli
 pytestmark = pytest.mark.multiproc
 
 
-def train(out: Path, *kill: str, memory: bool = True) -> str:
+def train(out: Path, *kill: str, memory: bool = True, strategy: str = "ddp") -> str:
     flags = [] if memory else ["--no-memory-snapshots"]
     done = ddpkit_cli("run", "--nproc", "2", "--max-restarts", "1", *flags,
-                      str(SCRIPTS / "memory_restart.py"), str(out), *kill)  # fmt: skip
+                      str(SCRIPTS / "memory_restart.py"), str(out), *kill,
+                      env={"MEMORY_RESTART_STRATEGY": strategy})  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout + done.stderr
 
@@ -62,6 +63,23 @@ def test_a_killed_worker_resumes_from_memory_with_no_step_lost(
     same_run(tmp_path, uninterrupted)
     folder = (tmp_path / "memory-folder").read_text()
     assert folder.startswith("/dev/shm/ddpkit-launch-") and not os.path.exists(folder)
+
+
+@pytest.mark.timeout(300)
+def test_a_sharded_model_resumes_from_its_ranks_shards_in_memory(tmp_path: Path) -> None:
+    """FSDP: each rank keeps its own shards (plain tensors), made DTensors again on resume;
+    the run ends bit-identical to an uninterrupted FSDP run."""
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    train(reference, strategy="fsdp")
+    expected = torch.load(reference / "final.pt", weights_only=True)
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    output = train(killed, "57", strategy="fsdp")
+    said = "resumed from memory at step 57 (epoch 2 batch 17): 0 completed step(s) lost"
+    assert said in output and "training FSDP" in output, output
+    assert "0.0 s read from storage" in output and "resumed from /" not in output
+    same_run(killed, expected)
 
 
 @pytest.mark.timeout(240)

@@ -14,6 +14,7 @@ import ddpkit._compat as compat
 from ddpkit._compat import CHECKED, Internal
 from ddpkit._compat.c10d import flight_recorder_dumpers
 from ddpkit._compat.checkpointing import recompute_wrapper
+from ddpkit._compat.foreach import FOREACH_COPY, copy_all
 from ddpkit._compat.inductor import _codecache, compile_counts, default_cache_dir
 from ddpkit._compat.python import caller_frame
 from ddpkit._compat.serialization import STREAMING_LOAD
@@ -49,6 +50,20 @@ def test_the_other_torch_internals_are_found() -> None:
     assert callable(_serialization._streaming_load), STREAMING_LOAD.where
     assert type(recompute_wrapper(torch.nn.Linear(1, 1))).__name__ == "CheckpointWrapper"
     assert {"--nproc-per-node", "--nnodes", "--standalone"} <= set(torchrun_flags())
+    assert callable(torch._foreach_copy_), FOREACH_COPY.where
+
+
+def test_copying_many_tensors_at_once_falls_back_to_one_call_each(monkeypatch, caplog) -> None:
+    """Where torch lacks the one-call copy, each tensor is copied alone: said once."""
+    monkeypatch.delattr(torch, "_foreach_copy_")
+    into, sources = (
+        [torch.zeros(2), torch.zeros(3, dtype=torch.int64)],
+        [torch.ones(2), torch.arange(3)],
+    )
+    with caplog.at_level(logging.WARNING, logger="ddpkit"):
+        copy_all(into, sources)
+    assert into[0].tolist() == [1.0, 1.0] and into[1].tolist() == [0, 1, 2]
+    assert "torch._foreach_copy_ is not in torch" in caplog.text
 
 
 def test_the_interpreters_internals_are_found() -> None:

@@ -1,13 +1,12 @@
-"""**Experimental.** A sharded model (FSDP, HSDP) inside replica groups: what crosses between
-groups is each rank's own shard.
+"""A sharded model's state (FSDP, HSDP: DTensors) as each rank's own shards, and back.
 
-Rank ``r`` of every group holds the same shard of every parameter (the groups have the same
-size and the same wrapping), so the gradients are averaged shard by shard
-(:func:`local`), and a group that heals receives each rank's shards from the same rank of
-a live peer: sent as plain tensors (a DTensor would carry its device mesh, which a
-``weights_only`` load refuses and which names the sender's process groups), then made into
-DTensors again with the receiver's own mesh and placements (:func:`resharded`), the
-parameters' and the optimizers' state alike.
+A state that leaves the process (a replica group's heal sent to a peer, a memory snapshot
+kept in ``/dev/shm``) goes as plain tensors, each rank's shard (:func:`local_state`): a DTensor
+would carry its device mesh, which a ``weights_only`` load refuses and which names the
+sender's process groups. It is made into DTensors again with the receiving run's own mesh and
+placements (:func:`resharded`), the parameters' and the optimizers' state alike. Rank ``r``
+of every replica group holds the same shard of every parameter (the groups have the same
+size and the same wrapping), so their gradients are averaged shard by shard (:func:`local`).
 
 Example::
 
