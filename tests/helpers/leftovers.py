@@ -1,5 +1,6 @@
-"""What a test run leaves in the temporary folder: ``make test`` marks its start, then fails
-when a ``pytorch-errorfile-*`` or ``ddpkit-*`` entry made since is still there.
+"""What a test run leaves in the temporary folder and in ``/dev/shm`` (where memory snapshots
+live): ``make test`` marks its start, then fails when a ``pytorch-errorfile-*`` or ``ddpkit-*``
+entry made since is still there, or in ``/dev/shm`` a ``tmp*`` folder (a server's scratch).
 
     python tests/helpers/leftovers.py start    # before the tests
     python tests/helpers/leftovers.py check    # after them: exit 1, naming each leftover
@@ -14,11 +15,12 @@ from pathlib import Path
 
 STAMP = Path(__file__).resolve().parents[2] / "runs" / ".tests-started"
 PATTERNS = ("pytorch-errorfile-*", "ddpkit-*")
+SHARED_MEMORY = Path("/dev/shm")
 
 
-def leftovers(since: float, folder: Path) -> list[Path]:
-    """The entries of ``folder`` matching :data:`PATTERNS` changed at ``since`` or later."""
-    found = [path for pattern in PATTERNS for path in folder.glob(pattern)]
+def leftovers(since: float, folder: Path, patterns: tuple[str, ...] = PATTERNS) -> list[Path]:
+    """The entries of ``folder`` matching ``patterns`` changed at ``since`` or later."""
+    found = [path for pattern in patterns for path in folder.glob(pattern)]
     return sorted(path for path in found if path.lstat().st_mtime >= since)
 
 
@@ -29,8 +31,10 @@ def main(command: str) -> int:
         return 0
     since = float(STAMP.read_text())
     left = leftovers(since, Path(tempfile.gettempdir()))
+    if SHARED_MEMORY.is_dir():
+        left += leftovers(since, SHARED_MEMORY, (*PATTERNS, "tmp*"))
     for path in left:
-        print(f"make test left {path} in the temporary folder", file=sys.stderr)
+        print(f"make test left {path} behind", file=sys.stderr)
     return 1 if left else 0
 
 

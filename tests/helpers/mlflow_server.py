@@ -25,8 +25,10 @@ def mlflow_server(folder: Path, timeout: float = 90) -> Iterator[str]:
         "--workers", "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}",
         "--default-artifact-root", str(folder / "artifacts"),
     ]  # fmt: skip
+    # No job runner: it keeps its queues in a folder of /dev/shm that the server leaves there
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     with (folder / "server.log").open("w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
                                   start_new_session=True)  # fmt: skip
         try:
             yield _ready(f"http://127.0.0.1:{port}", server, folder / "server.log", timeout)
