@@ -1,7 +1,9 @@
 """The job benchmarks/ft_recovery.py kills: a small model trained one batch a step, with a
-pause a step (so that steps take about as long on both sides), printing ``step N committed C
-batches B at T`` (C: the steps every group committed, without replica groups N; B: the
-batches of 4 samples those committed steps trained, every rank's and every group's).
+pause a step before its update (so that steps take about as long on both sides), printing
+``step N committed C batches B at T`` (C: the steps every group committed, without replica
+groups N; B: the batches of 4 samples those committed steps trained, every rank's and every
+group's; T: when, by the worker's clock, read against the kill's: the console shows a line
+up to half a second after it was printed).
 
     python ft_recovery_job.py ft EPOCHS         # a replica group (ddpkit.ReplicaGroups)
     python ft_recovery_job.py restart EPOCHS CHECKPOINT_DIR SAVE_EVERY_STEPS [async]   # DDP
@@ -44,6 +46,9 @@ def main() -> None:
     loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, **options)
     for _ in loop.epochs(epochs):
         for x, y in loop.batches(batches):
+            # the step's "compute": a real step spends its time before its update, and the
+            # line below is then the body's last work (a kill after it finds the step kept)
+            time.sleep(0.1)
             loop.backward(F.cross_entropy(model(x), y))
             loop.optimizer_step()
             if groups is not None:  # the slices of the steps every group committed
@@ -53,7 +58,6 @@ def main() -> None:
                 done, trained = loop.run.step, loop.run.step * ddpkit.current_world().world_size
             print(f"step {loop.run.step} committed {done} batches {trained} at {time.time():.3f}",
                   flush=True)  # fmt: skip
-            time.sleep(0.1)
 
 
 if __name__ == "__main__":
