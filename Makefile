@@ -27,7 +27,7 @@ ON_WORKERS  := -n $(TEST_WORKERS) --dist loadfile
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
 
-.PHONY: demo test test-notice test-oldest check lint typecheck docs unit gpu-check lock lock-main lock-oldest clean
+.PHONY: demo test test-notice test-oldest check lint typecheck docs unit gpu-check scale lock lock-main lock-oldest clean
 
 demo: $(VENV)/.examples-installed
 	rm -rf runs/wine-demo  # the demo trains from scratch each time; its own scratch folder
@@ -59,6 +59,12 @@ test-oldest: $(OLDEST_VENV)/.test-installed
 	  -p no:cacheprovider $(ON_WORKERS) tests/unit src/ddpkit $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(OLDEST_VENV)/bin/python -m pytest \
 	  -p no:cacheprovider $(ON_WORKERS) -m oldest_torch tests/multiproc $(PYTEST_ARGS)
+
+# The scale tier at full size: 8, 16, 32 and 64 ranks on this machine (make test runs 8).
+SCALE_SIZES ?= 8,16,32,64
+scale: $(VENV)/.test-installed
+	SCALE_SIZES=$(SCALE_SIZES) GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} \
+	  $(BIN)/python -m pytest -p no:cacheprovider -m scale tests/scale -v -s $(PYTEST_ARGS)
 
 # On a GPU machine, with its own Python and nothing installed (docs/development.md): the GPU
 # tier and the GPU parity benchmark, at most 9 min 20 s on one GPU, a summary in GPU_CHECK_OUT.

@@ -88,6 +88,8 @@ class Phases(ddpkit.Callback):
     """Marks the phases: a batch's start to its end is a step; the rest of an epoch (its
     opening, its line and gathered times) is its boundary."""
 
+    rank_zero_only = False  # every rank counts
+
     def __init__(self, counts: Counts) -> None:
         self.counts, self.steps, self.epochs = counts, 0, 0
 
@@ -125,7 +127,8 @@ def main() -> None:
     samples = 64 * world.world_size  # 8 steps an epoch at every size
     data = TensorDataset(torch.randn(samples, 16, generator=generator),
                          torch.randint(0, 4, (samples,), generator=generator))  # fmt: skip
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = ddpkit.prepare_model(net)  # DDP
     phases = Phases(counts)
     trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
                              F.cross_entropy, callbacks=[phases])  # fmt: skip

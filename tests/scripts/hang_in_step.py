@@ -22,7 +22,8 @@ def loss_that_stalls_on_rank_1(outputs: torch.Tensor, targets: torch.Tensor) -> 
 
 def main() -> None:
     ddpkit.init(seed=0)
-    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    samples = 32 * ddpkit.current_world().world_size  # 4 steps an epoch at any size
+    data = TensorDataset(torch.randn(samples, 4), torch.randint(0, 2, (samples,)))
     model = ddpkit.prepare_model(nn.Linear(4, 2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = ddpkit.Trainer(model, optimizer, loss_that_stalls_on_rank_1)

@@ -4,7 +4,7 @@
     memory_restart.py OUT_DIR [KILL_AFTER_STEP]
     MEMORY_RESTART_STRATEGY=fsdp memory_restart.py ...   # sharded: each rank keeps its shards
 
-2 epochs of 40 steps (a global batch of 16), dropout (the random streams count), AdamW with a
+2 epochs of 40 steps (8 samples a rank a step), dropout (the random streams count), AdamW with a
 schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart can
 only go on from memory). With KILL_AFTER_STEP, the last rank of the first attempt kills itself
 at the batch after that step (during the next step). Rank 0 writes the final parameters and the
@@ -38,8 +38,10 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     schedule = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
     generator = torch.Generator().manual_seed(1)
+    samples = 320 * world.world_size  # 40 steps an epoch at any world size
     data = torch.utils.data.TensorDataset(
-        torch.randn(640, 6, generator=generator), torch.randint(0, 3, (640,), generator=generator)
+        torch.randn(samples, 6, generator=generator),
+        torch.randint(0, 3, (samples,), generator=generator),
     )
     loader = ddpkit.prepare_loader(data, batch_size=8)
     parts = {"model": model, "optimizer": opt, "scheduler": schedule}

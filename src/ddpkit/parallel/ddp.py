@@ -24,6 +24,7 @@ from torch import nn
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
+from ddpkit._compat.ddpbuckets import fix_bucket_layout
 from ddpkit._core.validate import check_choice
 from ddpkit.compiling.wrap import uncompiled
 from ddpkit.errors import ConfigError
@@ -72,6 +73,7 @@ class DDPStrategy(ModuleWrapperStrategy):
             return model
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         wrapped = ExplainedDDP(model, device_ids=device_ids, **self._torch_options())
+        fix_bucket_layout(wrapped)  # a resumed run sums as an uninterrupted one, at any size
         if self.comm_hook is not None:
             register_comm_hook(wrapped, self.comm_hook)
         wrapped.ddpkit_strategy = self  # type: ignore[assignment]  # strategy_of asks it

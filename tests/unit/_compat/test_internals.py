@@ -14,6 +14,7 @@ import ddpkit._compat as compat
 from ddpkit._compat import CHECKED, Internal
 from ddpkit._compat.c10d import flight_recorder_dumpers
 from ddpkit._compat.checkpointing import recompute_wrapper
+from ddpkit._compat.ddpbuckets import BUCKETS
 from ddpkit._compat.foreach import FOREACH_COPY, copy_all
 from ddpkit._compat.inductor import _codecache, compile_counts, default_cache_dir
 from ddpkit._compat.python import caller_frame
@@ -51,6 +52,10 @@ def test_the_other_torch_internals_are_found() -> None:
     assert type(recompute_wrapper(torch.nn.Linear(1, 1))).__name__ == "CheckpointWrapper"
     assert {"--nproc-per-node", "--nnodes", "--standalone"} <= set(torchrun_flags())
     assert callable(torch._foreach_copy_), FOREACH_COPY.where
+    reducer = torch.distributed.Reducer
+    assert callable(reducer._push_all_rebuilt_params) and callable(reducer._rebuild_buckets), (
+        BUCKETS.where
+    )
 
 
 def test_copying_many_tensors_at_once_falls_back_to_one_call_each(monkeypatch, caplog) -> None:
