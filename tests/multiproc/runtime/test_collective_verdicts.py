@@ -147,6 +147,17 @@ def test_ranks_that_disagree_on_a_collective_are_named_with_the_size_and_line(
     # gloo aborts the rank that receives another size than it expects: the other rank's
     # Flight Recorder, in its error file, still names the collective and its line.
     code, report, _, _ = trouble(mode)
+    if mode == "skip_backward" and code == 1:
+        # gloo's other outcome, a race (seen once in a fresh clone's serial pass, 2026-12-06):
+        # rank 1's one-number all-reduce met the start of rank 0's bucket and returned, rank 1
+        # finished, and rank 0's read was reset. The verdict must then say just that.
+        assert re.search(
+            r"rank 0 waited in backward \(\S*collective_trouble\.py:\d+\) but rank 1 "
+            r"finished the script without calling it: every rank must make the same "
+            r"collective calls in the same order",
+            report,
+        ), report
+        return
     assert code == 128 + 6, report  # SIGABRT
     line = collectives_line(report)
     assert re.match(
