@@ -11,7 +11,11 @@ error before the vote of its K-th update, which torchft then drops (give it to e
 the exchange failed everywhere). ``--min-groups G``: a step needs G groups. ``--timeout S``:
 how long an exchange or a quorum may take (default 10 s; ``patient``: 30). ``--strategy S``:
 what trains inside the group (default ``ddp``; ``fsdp``: sharded over its ranks).
-``--start-after FILE``: train once FILE exists (its manager already started). ``--hold FILE``:
+``--start-after FILE``: train once FILE exists (its manager already started). ``--join-after
+FILE``: start the group at all (its manager, which the lighthouse counts from then on) once
+FILE exists: a group restarted by torch's agent can be kept out while another trains alone,
+as a slow restart would be (a group alive but not in a quorum blocks a quorum of the rest:
+torchft's lighthouse needs more than half the live groups). ``--hold FILE``:
 once FILE holds a step number and this group has taken that many steps, it waits for
 FILE.go before going on (a test starts another group meanwhile, which this one must outlive).
 
@@ -105,11 +109,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--strategy", default="ddp", help="what trains inside the group")
     parser.add_argument("--start-after", default=None, help="train once this file exists")
+    parser.add_argument("--join-after", default=None, help="join the groups once it exists")
     args = parser.parse_args()
     ddpkit.init(hang_timeout=0)
+    wait_for(args.join_after)
     torch.manual_seed(0)  # every group starts alike (checked); one joining later heals
     patience = args.timeout or (30 if args.face == "patient" else 10)  # an outage, a late group
-    groups = ddpkit.ReplicaGroups(timeout_s=patience, min_groups=args.min_groups)
+    groups = ddpkit.ReplicaGroups(timeout=patience, min_groups=args.min_groups)
     model = ddpkit.prepare_model(Net(), args.strategy)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator().manual_seed(0)

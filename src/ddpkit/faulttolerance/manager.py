@@ -154,6 +154,7 @@ class GroupManager:
         from the most advanced instead of all starting again at step 0."""
         if self._run is not None and self._run.step and not self.manager.current_step():
             self.manager.load_state_dict({"step": self._run.step, "batches_committed": 0})
+            self._last_step = self._run.step  # a heal then says where it took the run from
 
     def position(self) -> int | None:
         """This group's place in this step's quorum (None: healing, it only receives)."""
