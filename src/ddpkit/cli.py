@@ -1,5 +1,6 @@
 """The ``ddpkit`` command: ``run`` launches, ``bench`` measures scaling, ``verify`` proves N
-workers equal one process, ``doctor`` checks the environment, ``slurm`` writes sbatch,
+workers equal one process, ``plan`` dry-runs a world size you do not have, ``doctor`` checks
+the environment, ``slurm`` writes sbatch,
 ``export`` writes a checkpoint's weights to one file.
 
 Every command lives in a module of its own with the same three names: ``add_arguments(parser)``,
@@ -47,6 +48,7 @@ COMMANDS = {
     "run": "ddpkit.launch.command",
     "bench": "ddpkit.tools.bench.command",
     "verify": "ddpkit.tools.verify.command",
+    "plan": "ddpkit.tools.plan.command",
     "doctor": "ddpkit.tools.doctor.command",
     "slurm": "ddpkit.tools.slurm.command",
     "k8s": "ddpkit.tools.k8s.command",

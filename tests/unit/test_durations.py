@@ -18,7 +18,9 @@ from ddpkit.cli import COMMANDS, command_parser
 from ddpkit.errors import ConfigError
 
 # What a duration's name looks like, in Python and as a flag.
-DURATION = re.compile(r"timeout|interval|period|heartbeat|every_s|flush_every|_ms$|_s$|delay")
+DURATION = re.compile(
+    r"timeout|interval|period|heartbeat|every_s|flush_every|_ms$|_s$|delay|latency"
+)
 
 PYTHON_DURATIONS = {  # name -> unit
     "init.timeout": "s",  # also a timedelta, as torch's init_process_group takes
@@ -40,6 +42,8 @@ TORCHRUN_DURATIONS = {"run --monitor-interval", "run --shutdown-timeout"}
 CLI_DURATIONS = {  # command flag -> unit (ddpkit's own)
     "run --hang-timeout": "s",
     "verify --timeout": "s",
+    "plan --timeout": "s",
+    "plan --latency": "s",
     "doctor --timeout": "s",
     "doctor --grace-period": "s",
     "k8s --grace-period": "s",

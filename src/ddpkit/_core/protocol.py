@@ -70,6 +70,7 @@ MAX_STEPS_ENV = "DDPKIT_MAX_STEPS"  # stop every rank after K optimizer steps, e
 SAVE_AT_STEP_ENV = "DDPKIT_SAVE_AT_STEP"  # also checkpoint after step K (verify --then)
 METRICS_ENV = "DDPKIT_METRICS_FILE"  # where rank 0 appends bench's JSON lines
 VERIFY_DIR_ENV = "DDPKIT_VERIFY_DIR"  # where verify's recorder writes one run's record
+PLAN_OUT_ENV = "DDPKIT_PLAN_OUT"  # where ddpkit plan's recorder writes the dry run's plan
 REFERENCE_WORLD_ENV = "DDPKIT_VERIFY_AS_WORLD"  # one process standing in for N ranks
 DEALING_ENV = "DDPKIT_VERIFY_DEALING"  # verify: slices each step of the groups' run trained
 KILL_AT_ENV = "DDPKIT_VERIFY_KILL_AT"  # verify: a group's last rank kills itself after step K
