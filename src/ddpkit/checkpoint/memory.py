@@ -90,6 +90,8 @@ class SnapshotRing:
         self._orders: dict[int, int] = {}  # each slot's snapshot, by order (-1: none)
         self._maps: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self._views: dict[int, tuple[Any, list[tuple[Any, ...]], int, list[torch.Tensor]]] = {}
+        self.pinned: int | None = None  # a slot being copied away: not overwritten meanwhile
+        self.last: int | None = None  # the slot written last
 
     def write(self, key: str, order: int, shared: Any, own: Any) -> None:
         """Keep ``shared`` and ``own`` as snapshot ``key`` (``order``: later ones more),
@@ -109,19 +111,70 @@ class SnapshotRing:
         header = {"key": key, "order": order, "skeletons": skeletons, "sum": _sum64(data[:size]),
                   "size": size, "places": places,
                   "own": small}  # fmt: skip
-        making = head.with_suffix(".making")
-        making.write_bytes(pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(making, head)  # sealed
+        self._seal(slot, pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def _seal(self, slot: int, header: bytes) -> None:
+        """The slot's header written aside and renamed into place: the slot is whole."""
+        making = self._path(slot, "making")
+        making.write_bytes(header)
+        os.replace(making, self._path(slot, "head"))  # sealed
+        self.last = slot
 
     def _oldest_slot(self) -> int:
         """The slot to write next: one never written, else the one of the oldest snapshot
-        (after a restart: not the one just resumed from)."""
+        (after a restart: not the one just resumed from), never one being copied away."""
         if not self._orders:
             for slot in range(SLOTS):
                 with contextlib.suppress(CheckpointError):
                     header = self._header(slot)
                     self._orders[slot] = int(header["order"]) if header is not None else -1
-        return min(range(SLOTS), key=lambda slot: self._orders.get(slot, -1))
+        free = [slot for slot in range(SLOTS) if slot != self.pinned]
+        return min(free, key=lambda slot: self._orders.get(slot, -1))
+
+    def sealed(self, slot: int) -> tuple[bytes, torch.Tensor] | None:
+        """Slot ``slot`` as it lies: its header's bytes and a view of its data (None: not
+        sealed). What a copy to another node sends.
+
+        Example::
+
+            header, data = ring.sealed(ring.last)
+        """
+        try:
+            raw = self._path(slot, "head").read_bytes()
+        except OSError:
+            return None
+        header = _PlainUnpickler(io.BytesIO(raw)).load()
+        return raw, self._data(slot, int(header["size"]))[: int(header["size"])]
+
+    def slot_of(self, key: str) -> int | None:
+        """The slot that holds snapshot ``key`` (None: none does)."""
+        for slot in range(SLOTS):
+            with contextlib.suppress(CheckpointError):
+                header = self._header(slot)
+                if header is not None and header["key"] == key:
+                    return slot
+        return None
+
+    def receive(self, size: int) -> tuple[int, torch.Tensor]:
+        """A slot to take a copy from elsewhere: the oldest, unsealed, and a view of
+        ``size`` bytes of its data to receive into; :meth:`accept` seals it.
+
+        Example::
+
+            slot, data = kept.receive(size)   # then fill data, then kept.accept(slot, header)
+        """
+        slot = self._oldest_slot()
+        with contextlib.suppress(FileNotFoundError):
+            self._path(slot, "head").unlink()  # unsealed before a byte of its data changes
+        self._orders[slot] = 1 + max(self._orders.values(), default=-1)
+        return slot, self._data(slot, size)[:size]
+
+    def accept(self, slot: int, header: bytes) -> None:
+        """Seal a slot :meth:`receive` gave, with the header that came with its data (its sum
+        is checked when the snapshot is read, as a local one's)."""
+        order = int(_PlainUnpickler(io.BytesIO(header)).load()["order"])
+        self._orders[slot] = order
+        self._seal(slot, header)
 
     def _places(
         self, slot: int, tensors: list[tuple[str, int, torch.Tensor]]

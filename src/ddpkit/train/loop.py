@@ -424,6 +424,8 @@ class TrainLoop:
         if self.checkpointer is not None:
             self.checkpointer.wait()  # a checkpoint written in the background is complete
         self.stopped = stop
+        if self.snapshots is not None:
+            self.snapshots.close()  # the copies to the next node ended, every rank together
         self.observer.close(finished=stop is None)
         self.events.call("on_fit_end")
 

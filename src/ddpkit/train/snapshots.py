@@ -34,10 +34,17 @@ from ddpkit._core.privatefolder import check_private
 from ddpkit._core.protocol import MEMORY_SNAPSHOTS_ENV
 from ddpkit._core.text import ranks_text
 from ddpkit.checkpoint.memory import SnapshotRing, newest_common, read_snapshot
+from ddpkit.checkpoint.neighbour import (
+    NeighbourCopies,
+    copies_group,
+    fetch_from_neighbours,
+    partners,
+)
 from ddpkit.checkpoint.rngstate import capture_rng, gather_from_ranks
+from ddpkit.env.world import World
 from ddpkit.errors import CheckpointError
 from ddpkit.parallel.shards import local_state, resharded
-from ddpkit.runtime.collectives import all_reduce_max
+from ddpkit.runtime.collectives import all_reduce_max, barrier
 from ddpkit.runtime.session import current_world
 from ddpkit.train.progress import EpochProgress
 
@@ -95,6 +102,10 @@ class MemorySnapshots:
         others = [] if sharded else [first + i for i in range(world.local_world_size)]
         self.node = [SnapshotRing(folder, f"{name}{rank}") for rank in others
                      if rank != world.rank]  # fmt: skip
+        # the copies of the previous node's same local rank (with 2 nodes or more)
+        self.kept = SnapshotRing(folder, f"fit{fit}.kept{partners(world)[1]}")
+        self.group: Any = None  # the copies' gloo group, where every rank keeps snapshots
+        self.copies: NeighbourCopies | None = None
         self._order = 0
 
     def take(
@@ -118,12 +129,26 @@ class MemorySnapshots:
         }
         self.ring.write(f"{step}:{epoch}:{phase}", self._order, run_state, own)
         self._order += 1
+        if self.copies is not None:
+            self.copies.offer()  # to the next node, in the background
+
+    def start_copies(self) -> None:
+        """From now on each snapshot also goes to the next node (with 2 nodes or more)."""
+        if self.group is not None and self.copies is None:
+            self.copies = NeighbourCopies(self.ring, self.kept, self.group, self.world)
+
+    def close(self) -> None:
+        """The copies finished and ended (every rank, at the run's end)."""
+        if self.copies is not None:
+            self.copies.close()
+            self.copies = None
 
     def restore(
-        self, loop: Restorable, key: str, whole: list[dict[str, int]]
+        self, loop: Restorable, key: str, whole: list[dict[str, int]], fetched: list[int]
     ) -> EpochProgress | None:
         """Restore snapshot ``key``, which every rank holds whole, into ``loop`` (a
-        collective: every rank checks its read); the epoch to go on with, or None (said)."""
+        collective: every rank checks its read); the epoch to go on with, or None (said).
+        ``fetched``: the ranks whose snapshot came from the next node's copy."""
         started = time.perf_counter()
         restored = self._read(key)
         if restored is None:
@@ -135,9 +160,11 @@ class MemorySnapshots:
         newest = max(int(k.split(":")[0]) for found in whole for k in found)
         where = f"epoch {progress.epoch + 1} batch {progress.batches}" if progress.batches else (
             f"the start of epoch {progress.epoch + 1}")  # fmt: skip
+        copies = (f", {ranks_text(fetched, most=8)} from the next node's copy (their node "
+                  "was lost)" if fetched else "")  # fmt: skip
         logger.info(f"resumed from memory at step {loop.step} ({where}): "
-                    f"{newest - loop.step} completed step(s) lost, 0.0 s read from storage, "
-                    f"{time.perf_counter() - started:.2f} s to restore")  # fmt: skip
+                    f"{newest - loop.step} completed step(s) lost, 0.0 s read from storage"
+                    f"{copies}, {time.perf_counter() - started:.2f} s to restore")  # fmt: skip
         return progress
 
     def _read(self, key: str) -> tuple[Any, Any] | None:
@@ -160,7 +187,9 @@ class MemorySnapshots:
 def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> EpochProgress | None:
     """After a restart, the newest snapshot every rank holds whole, restored into ``loop``;
     the epoch to go on with. None: a first attempt, a rank that keeps no snapshots, or no
-    step all hold (the checkpoint folder is next).
+    step all hold (the checkpoint folder is next). A rank that holds nothing of its own (a
+    node lost and replaced) takes its snapshot from the next node's copy of it. From then on,
+    with 2 nodes or more, each snapshot is also copied to the next node.
 
     Every rank calls it, with snapshots or without, and takes part in the same collectives:
     what decides is agreed, never read off one rank's setup. The launchers of two nodes can
@@ -172,23 +201,63 @@ def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> E
         progress = resume_from_memory(loop.snapshots, loop)
     """
     world = current_world()
+    group = _copies_group(snapshots, world)
+    if snapshots is not None:
+        snapshots.group = group
+    try:
+        return _resume(snapshots, loop, world, group)
+    finally:
+        if snapshots is not None:
+            snapshots.start_copies()
+
+
+def _copies_group(snapshots: MemorySnapshots | None, world: World) -> Any:
+    """The copies' group where the job has 2 nodes or more and every rank keeps snapshots
+    (None otherwise); a collective then."""
+    if world.num_nodes < 2:
+        return None
+    if all_reduce_max(torch.tensor([float(snapshots is None)])).item() != 0:
+        return None
+    return copies_group()
+
+
+def _resume(
+    snapshots: MemorySnapshots | None, loop: Restorable, world: World, group: Any
+) -> EpochProgress | None:
     mine = snapshots.ring.whole() if snapshots is not None else None
-    held = mine is not None and bool(mine) and world.restart > 0
+    kept = snapshots.kept.whole() if snapshots is not None and group is not None else {}
+    held = (bool(mine) or bool(kept)) and world.restart > 0
     if all_reduce_max(torch.tensor([float(held)])).item() == 0:
         return None  # nothing of this run is in memory anywhere: no more collectives
-    everyone = gather_from_ranks({"whole": mine})
-    whole = [found["whole"] for found in everyone]
-    if any(found is None for found in whole):
-        missing = [rank for rank, found in enumerate(whole) if found is None]
-        logger.info(f"memory snapshots: {ranks_text(missing, most=8)} keep none; resuming "
-                    "from the checkpoint folder, if any")  # fmt: skip
+    everyone = gather_from_ranks({"whole": mine, "kept": kept})
+    whole = _held_by_rank(everyone, world, group is not None)
+    needy = [rank for rank, found in enumerate(everyone) if not found["whole"] and whole[rank]]
+    if any(not found for found in whole):
+        missing = [rank for rank, found in enumerate(whole) if not found]
+        copies = " nor a copy on the next node" if group is not None else ""
+        logger.info(f"memory snapshots: {ranks_text(missing, most=8)} keep none{copies}; "
+                    "resuming from the checkpoint folder, if any")  # fmt: skip
         return None
-    key = newest_common([dict(found) for found in whole])
+    key = newest_common(whole)
     if key is None or snapshots is None:
         logger.info("memory snapshots: no step every rank holds whole; resuming from the "
                     "checkpoint folder, if any")  # fmt: skip
         return None
-    return snapshots.restore(loop, key, [dict(found) for found in whole])
+    if needy:  # their own were lost with their node: from the copies the next node keeps
+        fetch_from_neighbours(key, snapshots.ring, snapshots.kept, needy, group, world)
+        barrier()  # a node's ranks read each other's rings: all fetched first
+    return snapshots.restore(loop, key, whole, needy)
+
+
+def _held_by_rank(everyone: list[dict[str, Any]], world: World, copies: bool
+                  ) -> list[dict[str, int]]:  # fmt: skip
+    """Each rank's snapshots: its own, or (none of its own) the copies the next node keeps."""
+    held = []
+    for rank, found in enumerate(everyone):
+        own = dict(found["whole"] or {})
+        holder = (rank + world.local_world_size) % world.world_size
+        held.append(own or (dict(everyone[holder]["kept"] or {}) if copies else {}))
+    return held
 
 
 def _progress_of(shared: dict[str, Any], own: dict[str, Any]) -> EpochProgress:

@@ -131,3 +131,44 @@ def test_own_tensors_of_any_shape_travel_in_the_header(tmp_path: Path) -> None:
     ring.write("s1", 1, {}, own)
     _, back = read_snapshot([ring], "s1")
     assert all(torch.equal(back[name], own[name]) for name in own)
+
+
+def test_a_sealed_slot_copied_as_it_lies_reads_back_in_the_other_nodes_ring(
+    tmp_path: Path,
+) -> None:
+    """What a copy to the next node does, without the network: the slot's header and data
+    taken as they lie, received into another ring and sealed there; read back whole, and a
+    byte changed on the way is refused by the sum."""
+    (mine := tmp_path / "node0").mkdir()
+    (theirs := tmp_path / "node1").mkdir()
+    ring, kept = SnapshotRing(mine, "fit1.rank2"), SnapshotRing(theirs, "fit1.kept2")
+    for step in (1, 2):
+        ring.write(f"s{step}", step, state(step), {"rng": torch.tensor([step])})
+        assert ring.last is not None
+        sealed = ring.sealed(ring.last)
+        assert sealed is not None
+        header, data = sealed
+        slot, into = kept.receive(data.numel())
+        assert kept.whole().get(f"s{step}") is None  # not whole before its header
+        into.copy_(data)
+        kept.accept(slot, header)
+    assert kept.whole() == {"s1": 1, "s2": 2}
+    shared, own = read_snapshot([kept], "s2")
+    assert torch.equal(shared["model"]["w"], torch.full((4, 3), 2.0)) and own["rng"].tolist() == [2]
+    damaged = SnapshotRing(theirs, "fit1.kept3")
+    slot, into = damaged.receive(data.numel())
+    into.copy_(data)
+    into[0] ^= 1  # a byte changed on the way
+    damaged.accept(slot, header)
+    with pytest.raises(CheckpointError, match="damaged"):
+        read_snapshot([damaged], "s2")
+
+
+def test_a_slot_being_copied_away_is_not_overwritten(tmp_path: Path) -> None:
+    ring = SnapshotRing(tmp_path, "rank0")
+    ring.write("s1", 1, state(1), {})
+    ring.pinned = ring.last  # its copy to the next node is in flight
+    for step in range(2, 6):
+        ring.write(f"s{step}", step, state(step), {})
+    assert "s1" in ring.whole()  # the two other slots took every later snapshot
+    assert ring.whole() == {"s1": 1, "s4": 4, "s5": 5}
