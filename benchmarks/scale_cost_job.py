@@ -9,6 +9,7 @@ adds as the world grows, and writes it to OUT/rank{R}.json:
 - the process's open file descriptors and threads at the end.
 
     ddpkit run --nproc 8 benchmarks/scale_cost_job.py OUT_DIR [EPOCHS]
+    SCALE_SLOW_RANK=7:0.3 ddpkit run ...   # rank 7 sleeps 0.3 s in each step: a straggler
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import pickle
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -118,6 +120,19 @@ def store_keys() -> int | None:
         return None
 
 
+class Slow(ddpkit.Callback):
+    """One rank slowed: it sleeps ``seconds`` at the start of each of its steps."""
+
+    rank_zero_only = False
+
+    def __init__(self, rank: int, seconds: float) -> None:
+        self.slow, self.seconds = ddpkit.get_rank() == rank, seconds
+
+    def on_train_batch_start(self, trainer: Any, batch: Any) -> None:
+        if self.slow:
+            time.sleep(self.seconds)
+
+
 def main() -> None:
     out, epochs = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 3
     counts = Counts()
@@ -130,8 +145,10 @@ def main() -> None:
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     model = ddpkit.prepare_model(net)  # DDP
     phases = Phases(counts)
+    slow = os.environ.get("SCALE_SLOW_RANK")
+    slowed = [Slow(int(slow.split(":")[0]), float(slow.split(":")[1]))] if slow else []
     trainer = ddpkit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                             F.cross_entropy, callbacks=[phases])  # fmt: skip
+                             F.cross_entropy, callbacks=[phases, *slowed])  # fmt: skip
     trainer.fit(ddpkit.prepare_loader(data, batch_size=8), epochs=epochs)
     counts.phase = "end"
     found = {

@@ -41,7 +41,58 @@ def test_a_trainer_job_launches_trains_and_ends(size: int, tmp_path: Path) -> No
     # nothing ddpkit adds inside a step; the epoch's line has the breakdown, once an epoch
     assert not any(k.startswith("step:") for r in ranks for k in r["calls"]), ranks[0]
     assert len(re.findall(r"epoch \d/3 .* ms/step: data", out)) == 3, out[-3000:]
+    # every rank is as starved of CPU as the next: a rank named slower says so
+    for line in (line for line in out.splitlines() if "straggler:" in line):
+        assert f"this host runs {size} CPU ranks on" in line, line
     print(f"{size} ranks: launched, trained 3 epochs and ended in {took:.1f} s")
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_slowed_rank_is_named(size: int, tmp_path: Path) -> None:
+    """The last rank sleeps in each step, longer as more ranks share the 2 cores (each rank's
+    step takes about N/2 times a lone one's)."""
+    slow, seconds = size - 1, 0.05 * size
+    done = ddpkit_cli("run", "--nproc", str(size), str(REPO / "benchmarks" / "scale_cost_job.py"),
+                      str(tmp_path), "3", env={"SCALE_SLOW_RANK": f"{slow}:{seconds}"},
+                      timeout=600)  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    named = [line for line in out.splitlines() if "straggler:" in line]
+    assert named and all(f"straggler: rank {slow} is" in line for line in named), out[-3000:]
+    print(f"{size} ranks: {named[0].split('straggler: ')[1][:90]}")
+
+
+@pytest.mark.parametrize("size", [n for n in SIZES if n <= 16])
+def test_verify_passes(size: int, tmp_path: Path) -> None:
+    done = ddpkit_cli("verify", "examples/wine.py", "--workers", str(size), "--steps", "4",
+                      "--out", str(tmp_path), timeout=600)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert done.stdout.strip().endswith(
+        f"PASS: {size} workers computed what one process computes"
+    ), done.stdout[-3000:]
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_sharded_checkpoint_saved_at_this_size_resumes_exactly(size: int, tmp_path: Path
+                                                               ) -> None:  # fmt: skip
+    """FSDP: 2 epochs with a checkpoint (each rank its own shard files), then a run to 4
+    that resumes from it, against 4 epochs uninterrupted: the same last epoch's line."""
+
+    def wine(epochs: int, folder: Path) -> str:
+        done = ddpkit_cli("run", "--nproc", str(size), "examples/wine.py", "--strategy", "fsdp",
+                          "--epochs", str(epochs), "--checkpoint-dir", str(folder),
+                          timeout=600)  # fmt: skip
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return done.stdout + done.stderr
+
+    wine(2, tmp_path / "resumed")
+    shards = list((tmp_path / "resumed").rglob("*.distcp"))
+    assert len(shards) >= size, sorted(p.name for p in shards)  # written by every rank
+    resumed = wine(4, tmp_path / "resumed")
+    assert "resum" in resumed and "epoch 3/4" in resumed and "epoch 1/4" not in resumed, resumed
+    straight = wine(4, tmp_path / "straight")
+    last = lambda out: re.search(r"epoch 4/4 +loss (\S+)", out)[1]  # type: ignore[index]  # noqa: E731
+    assert last(resumed) == last(straight), (last(resumed), last(straight))
 
 
 @pytest.mark.parametrize("size", SIZES)

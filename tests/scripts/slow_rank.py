@@ -1,6 +1,7 @@
 """Runs whose ranks are slow in known ways, for the step-time reports (run with ddpkit run).
 
     slow_rank.py sleep     rank 1 sleeps 40 ms in every step (Trainer) and holds 400 MB more
+    slow_rank.py sleep OUT S R   rank R sleeps S seconds a step instead (the scale tier's)
     slow_rank.py taskset   rank 1 shares its core with two busy loops (TrainLoop, 4 epochs)
     slow_rank.py data      every sample takes 5 ms to load, num_workers=0 (TrainLoop)
     slow_rank.py balanced  10 runs of a balanced job, each rank on a core of its own (Trainer)
@@ -79,12 +80,12 @@ def whole_batches() -> torch.utils.data.DataLoader[object]:
     return ddpkit.prepare_loader(data, batch_size=BATCH, collate_fn=as_fetched)
 
 
-def trainer_run(sleep_on_rank1: float = 0.0) -> list[dict[str, float]]:
+def trainer_run(sleep_on_rank1: float = 0.0, slow: int = 1) -> list[dict[str, float]]:
     net = model()
     rank = ddpkit.current_world().rank
 
     def step(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        if rank == 1 and sleep_on_rank1:
+        if rank == slow and sleep_on_rank1:
             time.sleep(sleep_on_rank1)
         x, y = batch
         return nn.functional.cross_entropy(net(x), y)
@@ -161,8 +162,10 @@ def main() -> None:
     rank = ddpkit.current_world().rank
     histories = []
     if case == "sleep":
-        ballast = torch.ones(400 * 2**20 // 4) if rank == 1 else None  # 400 MB, touched
-        histories.append(trainer_run(sleep_on_rank1=0.04))
+        seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 0.04
+        slow = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+        ballast = torch.ones(400 * 2**20 // 4) if rank == slow else None  # 400 MB, touched
+        histories.append(trainer_run(sleep_on_rank1=seconds, slow=slow))
         del ballast
     elif case == "taskset":
         histories.append(shared_core_run())

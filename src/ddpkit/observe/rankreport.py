@@ -108,7 +108,7 @@ class RankReport:
         if straggler is not None:
             key = (straggler.rank, straggler.phase.value)
             if key != self._said_straggler:
-                logger.warning(f"straggler: {straggler.describe()}")
+                logger.warning(f"straggler: {straggler.describe()}{self._oversubscribed()}")
             self._said_straggler = key
         if times.data_bound() and not self._said_data_bound:
             self._said_data_bound = True
@@ -123,6 +123,15 @@ class RankReport:
             if who not in self._said_memory:
                 logger.warning(f"memory: {outlier}")
             self._said_memory.add(who)
+
+    def _oversubscribed(self) -> str:
+        """What the straggler line adds where this host's CPU ranks outnumber its cores:
+        they take turns on them, unevenly, and one rank can lag by that alone."""
+        cores, ranks = usable_cores(), self.world.local_world_size
+        if self.world.device.type != "cpu" or ranks <= cores:
+            return ""
+        return (f"; but this host runs {ranks} CPU ranks on {cores} cores, which they take "
+                "turns on: a rank can lag by that alone")  # fmt: skip
 
     def _gather_hosts(self) -> list[str]:
         if self._hosts is None:  # once per run: host names do not change
