@@ -21,12 +21,13 @@ Example:
 
 from __future__ import annotations
 
+import os
 import socket
 
 import torch
 
 from ddpkit._core.log import logger
-from ddpkit._core.system import usable_cores
+from ddpkit._core.system import cpu_quota, usable_cores
 from ddpkit.data.epochs import LoaderFacts
 from ddpkit.observe.ranktimes import RankTimes, times_row
 from ddpkit.observe.steptime import StepClock
@@ -127,7 +128,7 @@ class RankReport:
     def _oversubscribed(self) -> str:
         """What the straggler line adds where this host's CPU ranks outnumber its cores:
         they take turns on them, unevenly, and one rank can lag by that alone."""
-        cores, ranks = usable_cores(), self.world.local_world_size
+        cores, ranks = launch_cores(), self.world.local_world_size
         if self.world.device.type != "cpu" or ranks <= cores:
             return ""
         return (f"; but this host runs {ranks} CPU ranks on {cores} cores, which they take "
@@ -140,6 +141,23 @@ class RankReport:
             self._hosts = [bytes(row.tolist()).rstrip(b"\0").decode(errors="replace")
                            for row in rows]  # fmt: skip
         return self._hosts
+
+
+def launch_cores() -> int:
+    """The cores this node's ranks were started on: the launcher's (a rank pinned to a core
+    of its own sees one), less where the cgroup's CPU quota is smaller.
+
+    Example:
+        >>> launch_cores() >= 1
+        True
+    """
+    own = usable_cores()
+    try:
+        started = len(os.sched_getaffinity(os.getppid()))
+    except (AttributeError, OSError):  # not on Linux; the parent is gone
+        return own
+    quota = cpu_quota()
+    return max(own, min(started, quota) if quota is not None else started)
 
 
 def data_advice(loader: LoaderFacts | None, cores_per_rank: int, cuda: bool) -> str:

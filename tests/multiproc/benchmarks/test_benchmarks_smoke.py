@@ -151,3 +151,9 @@ def test_meta_start_benchmark_reports_both_ways() -> None:
     out = run_benchmark("benchmarks/meta_start.py", "--width", "64", "--blocks", "2",
                         "--rounds", "1")  # fmt: skip
     assert "| built whole on every rank |" in out and "| meta device + weights file |" in out
+
+
+def test_scale_launch_benchmark_prints_the_ratio_to_torchrun() -> None:
+    out = run_benchmark("benchmarks/scale_launch.py", "--nproc", "2", "--repeat", "1")
+    ratio = float(out.split("ratio ddpkit run / torchrun at 2 ranks:")[1].split()[0])
+    assert ratio > 0 and "straggler lines without the oversubscription note: 0" in out

@@ -424,3 +424,23 @@ def test_the_bar_is_built_only_where_it_shows(
     assert (console._bar is not None) is drawn
     console.epoch_done({"epoch": 1.0, "loss": 0.5}, 2)
     assert ("epoch 1/2" in stderr.getvalue()) is drawn
+
+
+def test_a_straggler_on_a_host_with_more_cpu_ranks_than_cores_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """32 CPU ranks on 2 cores take turns on them: a rank named slower may be only that, and
+    the line says so; on a GPU, or with a core each, it says nothing more."""
+    from ddpkit.env.world import World
+
+    ddpkit.init()
+    report = RankReport(StepClock([], torch.device("cpu")))
+    ddpkit.shutdown()
+    monkeypatch.setattr(rankreport, "launch_cores", lambda: 2)
+    report.world = World(rank=0, local_rank=0, world_size=32, local_world_size=32)
+    assert report._oversubscribed() == (
+        "; but this host runs 32 CPU ranks on 2 cores, which they take turns on: a rank can "
+        "lag by that alone"
+    )
+    report.world = World(rank=0, local_rank=0, world_size=2, local_world_size=2)
+    assert report._oversubscribed() == ""
