@@ -106,8 +106,11 @@ def test_a_rank_stopped_in_a_step_is_reported_with_the_step_and_the_rank(size: i
     assert "rank 1 has not reached it" in verdict, verdict[-3000:]
     assert re.search(r"rank \d+ waited \d+ s in step 3", verdict), verdict[-3000:]
     assert "loss_that_stalls_on_rank_1" in verdict, verdict[-3000:]
+    lines = verdict.strip().splitlines()
+    assert len(lines) < 40, verdict[-3000:]  # a verdict, not a line per rank
     print(f"{size} ranks: the hang reported {took:.1f} s after launch "
-          f"(hang timeout {HANG_TIMEOUT_S} s)")  # fmt: skip
+          f"(hang timeout {HANG_TIMEOUT_S} s); the verdict {len(lines)} lines, "
+          f"{len(verdict.encode())} bytes")  # fmt: skip
 
 
 @pytest.mark.parametrize("size", SIZES)
