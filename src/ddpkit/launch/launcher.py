@@ -39,6 +39,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
+from ddpkit._compat.elastic import report_every_failure
 from ddpkit._core.log import command_logger
 from ddpkit._core.protocol import (
     FORWARDED_SIGNALS,
@@ -280,6 +281,7 @@ def _launch_scope(
     leave those behind in the user's process. ``memory``: the workers keep each step in a
     folder of the node's memory (:func:`~ddpkit.launch.scratch.memory_folder`) meanwhile.
     """
+    report_every_failure()  # warm workers: every one that ended badly, not the first only
     saved = dict(os.environ)
     handlers = _signal_handlers()
     os.environ.update(env_values)

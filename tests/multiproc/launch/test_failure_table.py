@@ -94,3 +94,16 @@ def test_a_module_that_does_not_compile_is_caught_the_same_way(tmp_path: Path) -
     assert done.returncode == 1
     assert "mypkg/train.py cannot run, so no worker was started" in done.stderr
     assert "SyntaxError: invalid syntax" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_rank_gone_without_a_record_is_blamed_when_its_peer_failed_before_the_check() -> None:
+    """Warm workers are torch's function workers, whose context reported one failed worker:
+    the first in rank order among those ended at its check. With the agent checking every
+    3 s, rank 1's os._exit(3) and rank 0's failure on the lost peer have both happened by
+    then: rank 0 alone was reported, and blamed as a rank that waited for one that had
+    "finished the script". Every ended worker is reported now, and rank 1 is the cause."""
+    done = ddpkit_cli("run", "--nproc", "2", "--monitor-interval", "3", str(SCRIPT), "os_exit")
+    assert done.returncode == 3, done.stderr
+    summary = done.stderr[done.stderr.index("ddpkit run: ", 1) :]
+    assert summary.startswith("ddpkit run: worker rank 1 failed (exit code 3)"), done.stderr
+    assert "finished the script" not in summary, done.stderr
