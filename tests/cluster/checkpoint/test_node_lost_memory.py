@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.jobs import wait_until
 from helpers.launch_helpers import REPO, SCRIPTS, ddpkit_cli
 from helpers.netns import VirtualHost, virtual_hosts
 
@@ -48,15 +49,6 @@ def launcher(hosts: list[VirtualHost], index: int, root: Path, log: str, pause: 
                             stdout=(root / log).open("w"), stderr=subprocess.STDOUT)  # fmt: skip
 
 
-def wait_for(condition, what: str, timeout: float = 180) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.timeout(600)
 def test_a_node_killed_resumes_from_the_next_nodes_copy_with_no_step_lost(tmp_path: Path) -> None:
     reference = tmp_path / "reference"
@@ -67,18 +59,20 @@ def test_a_node_killed_resumes_from_the_next_nodes_copy_with_no_step_lost(tmp_pa
     with virtual_hosts(2) as hosts:
         agents = [launcher(hosts, i, tmp_path, f"host{i}.log", pause) for i in range(2)]
         try:
-            wait_for(lambda: len(list(tmp_path.glob("pause.rank*"))) == 4, "every rank at 57")
+            wait_until(
+                lambda: len(list(tmp_path.glob("pause.rank*"))) == 4, 180, "every rank at 57"
+            )
             time.sleep(2)  # the step's copies reach the other node (milliseconds; 2 s spare)
             os.killpg(agents[1].pid, signal.SIGKILL)  # host 1's launcher and all under it
             agents[1].wait(timeout=30)
             pause.touch()  # host 0's ranks go on: their next step finds host 1 gone
             first = tmp_path / "host0.log"
             lost = time.monotonic()
-            wait_for(lambda: "copies from rank 2 stopped" in first.read_text(),
-                     "host 0 finding host 1 gone")  # fmt: skip
+            wait_until(lambda: "copies from rank 2 stopped" in first.read_text(), 180,
+                       "host 0 finding host 1 gone")  # fmt: skip
             agents[1] = launcher(hosts, 1, tmp_path, "host1-again.log", pause)
             replaced = time.monotonic()
-            wait_for(lambda: "resumed from memory" in first.read_text(), "the resume")
+            wait_until(lambda: "resumed from memory" in first.read_text(), 180, "the resume")
             resumed = time.monotonic()
             outcomes = [agent.wait(timeout=300) for agent in agents]
         finally:
