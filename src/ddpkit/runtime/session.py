@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Store
 
+from ddpkit._compat.c10d import import_before_the_group, process_groups
 from ddpkit._core import log
 from ddpkit._core.envvars import positive_int_var
 from ddpkit._core.protocol import DEALING_ENV, REFERENCE_WORLD_ENV, failure_recorded
@@ -122,15 +123,26 @@ def shutdown() -> None:
     global _current
     stop_watchdog(finished=not failure_recorded())
     if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-        # DDP's reducer keeps the gloo group (and its last works' tensors) alive through
-        # reference cycles; freed during interpreter finalization, gloo's threads would drop
-        # those tensors without the GIL and abort the process ("terminate called without an
-        # active exception", exit 134). Free them now, while the interpreter is whole.
-        gc.collect()
+        _leave_process_groups()
     _current = None
     log.set_rank(None)
     forget_seed()
+
+
+def _leave_process_groups() -> None:
+    # DDP's reducer keeps the gloo group (and its last works' tensors) alive through
+    # reference cycles; freed during interpreter finalization, gloo's threads would drop
+    # those tensors without the GIL and abort the process ("terminate called without an
+    # active exception", exit 134). So they are freed now, while the interpreter is whole.
+    # But not by the reducer: its release holds the GIL while the group's destructor waits
+    # for gloo's work lock, and a gloo thread that holds that lock while it frees the last
+    # collective's tensors waits for the GIL (a hang at exit: 1 in 15 two-rank jobs
+    # that end with a barrier). The groups' Python handles, held across the collection,
+    # are the last owners: their release lets go of the GIL first.
+    groups = process_groups()
+    dist.destroy_process_group()
+    gc.collect()
+    groups.clear()
 
 
 def current_world() -> World:
@@ -168,6 +180,7 @@ def _join_process_group(
     await_all_ranks(store, world, join_s, str(where))
     if method.path is not None:  # a rank arriving at this file from now on is another job's
         mark_complete(method.path)
+    import_before_the_group()  # else the group outlives destroy_process_group
     try:
         dist.init_process_group(
             backend=world.backend,
