@@ -7,7 +7,9 @@ growth must halve the error to be chosen).
 Rows: the collectives ddpkit adds per rank and per step (calls, bytes), and per epoch at its
 boundary; what rank 0 receives from them per epoch; the set-up's collectives; the keys in the
 job's store; the console's lines per epoch (the launcher's output, merged); the open file
-descriptors and threads of a worker (the largest).
+descriptors and threads of a worker (the largest); and a hang's report (a second job per N,
+tests/scripts/hang_in_step.py: one rank stops mid-step): the ranks' states the reporting
+rank reads from the store and their bytes, and the verdict's lines and bytes.
 
     GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/scale_cost.py              # 2..64
     GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/scale_cost.py --sizes 2,4,8
@@ -27,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 JOB = str(Path(__file__).with_name("scale_cost_job.py"))
+HANG_JOB = str(Path(__file__).parents[1] / "tests" / "scripts" / "hang_in_step.py")
+HANG_TIMEOUT_S = 10
 EPOCH_LINE = re.compile(r"epoch \d+/\d+ ")
+GATHERED = re.compile(r"gathered (\d+) of \d+ ranks' states from the store \(([\d,]+) bytes")
 GROWTHS: dict[str, Callable[[float], float]] = {
     "constant": lambda n: 0.0,
     "log N": math.log2,
@@ -51,6 +56,26 @@ def run(size: int, epochs: int) -> tuple[list[dict[str, Any]], str]:
     if len(ranks) != size:
         raise SystemExit(f"N={size}: {len(ranks)} ranks wrote their counts")
     return ranks, done.stdout + done.stderr
+
+
+def hang_rows(size: int) -> dict[str, float]:
+    """What one hang's report cost at world size ``size``: states and bytes the reporting
+    rank read, and the verdict the launcher printed (its last worker failure)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "ddpkit", "run", "--nproc", str(size), "--hang-timeout",
+         str(HANG_TIMEOUT_S), HANG_JOB], capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    found = GATHERED.search(done.stderr)
+    if done.returncode != 124 or found is None:
+        raise SystemExit(f"N={size}: the hang job ended {done.returncode} without its report:"
+                         f"\n{done.stderr[-3000:]}")  # fmt: skip
+    verdict = done.stderr.split("ddpkit run: worker rank")[-1].strip()
+    return {
+        "hang: states the reporter reads": float(found[1]),
+        "hang: bytes the reporter reads": float(found[2].replace(",", "")),
+        "hang: verdict lines": float(len(verdict.splitlines())),
+        "hang: verdict bytes": float(len(verdict.encode())),
+    }
 
 
 def phase_total(rank: dict[str, Any], kind: str, phase: str) -> int:
@@ -114,7 +139,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     table: dict[str, list[float]] = {}
     for size in sizes:
-        found = rows(*run(size, args.epochs))
+        found = rows(*run(size, args.epochs)) | hang_rows(size)
         for name, value in found.items():
             table.setdefault(name, []).append(value)
         print(f"N={size}: " + ", ".join(f"{k} {v:g}" for k, v in found.items()), flush=True)

@@ -106,6 +106,7 @@ def test_a_rank_stopped_in_a_step_is_reported_with_the_step_and_the_rank(size: i
     assert "rank 1 has not reached it" in verdict, verdict[-3000:]
     assert re.search(r"rank \d+ waited \d+ s in step 3", verdict), verdict[-3000:]
     assert "loss_that_stalls_on_rank_1" in verdict, verdict[-3000:]
+    assert f"gathered {size} of {size} ranks' states from the store" in verdict, verdict[-3000:]
     lines = verdict.strip().splitlines()
     assert len(lines) < 40, verdict[-3000:]  # a verdict, not a line per rank
     print(f"{size} ranks: the hang reported {took:.1f} s after launch "

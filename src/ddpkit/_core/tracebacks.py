@@ -78,6 +78,8 @@ def thread_stack(thread_id: int, frames_shown: int = 8) -> list[str]:
     if frame is None:
         return []
     frames = traceback.extract_stack(frame)
+    if frames and frames[0].filename == "<string>":  # a warm worker's server: ``python -c``
+        frames = frames[1:]
     own = [f for f in frames if not is_hidden(f.filename)][-frames_shown:]
     if frames and (not own or own[-1] is not frames[-1]):
         own.append(frames[-1])
@@ -86,7 +88,8 @@ def thread_stack(thread_id: int, frames_shown: int = 8) -> list[str]:
 
 
 def is_hidden(filename: str) -> bool:
-    """True for frames that are not the user's: torch, ddpkit, runpy and importlib's.
+    """True for frames that are not the user's: torch, ddpkit, runpy and importlib's, and
+    multiprocessing's, which start a warm worker (forked from its server).
 
     Example:
         >>> is_hidden("<frozen runpy>"), is_hidden("train.py")
@@ -100,7 +103,10 @@ def is_hidden(filename: str) -> bool:
 
 @functools.cache
 def _hidden_folders() -> tuple[Path, ...]:
+    import multiprocessing
+
     folders = [Path(__file__).resolve().parent.parent]  # the ddpkit package
+    folders.append(Path(multiprocessing.__file__).parent)
     spec = importlib.util.find_spec("torch")  # found without importing it
     if spec is not None and spec.origin:
         folders.append(Path(spec.origin).parent)

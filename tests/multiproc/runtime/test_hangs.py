@@ -51,6 +51,9 @@ def test_a_rank_stuck_inside_a_training_step_is_named_with_its_phase() -> None:
     assert "rank 1 has not reached it" in verdict
     assert "rank 1: step 3: forward" in verdict
     assert "loss_that_stalls_on_rank_1" in verdict
+    # a warm worker's stack starts at the script, as a fresh one's does
+    assert "forkserver.py" not in verdict and 'File "<string>"' not in verdict, verdict
+    assert re.search(r"gathered 2 of 2 ranks. states from the store \([\d,]+ bytes", verdict)
     assert processes_running(str(script)) == []
 
 

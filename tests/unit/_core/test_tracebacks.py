@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpkit._core.tracebacks import fold_traceback, waiting_call
+from ddpkit._core.tracebacks import fold_traceback, is_hidden, waiting_call
 
 
 class Broken(torch.nn.Module):
@@ -62,3 +62,10 @@ def test_chained_errors_keep_both_parts() -> None:
     text = fold_traceback(caught(reraise), full=False)
     assert "KeyError: 'key'" in text and text.endswith("RuntimeError: lookup failed")
     assert "The above exception was the direct cause of the following exception" in text
+
+
+def test_multiprocessings_frames_that_start_a_warm_worker_are_not_the_users() -> None:
+    import multiprocessing.process
+
+    assert is_hidden(multiprocessing.process.__file__)
+    assert not is_hidden(str(Path.cwd() / "train.py"))
