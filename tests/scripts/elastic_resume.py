@@ -9,6 +9,8 @@ in) to RECORDS_DIR/rank<R>-<pid>.txt. With CRASH_AT_STEP every rank raises befor
 step's update (step 88's checkpoint is then the newest, 8 steps into epoch 2). Rank 0 writes
 the final parameters to RECORDS_DIR/final.pt. ``ELASTIC_EPOCHS`` (default 2) and
 ``ELASTIC_STEP_S`` (a sleep per step, default 0) make a longer job for the membership tests;
+``ELASTIC_GLOBAL_BATCH`` (default 12) and ``ELASTIC_SAMPLES`` (default 960) fit the scale
+tier's world sizes (a global batch every size the job takes divides);
 each file starts with ``# resumed at step S of world W at T`` (S 0: from scratch; T the
 time, to order the attempts of an elastic job).
 """
@@ -35,12 +37,14 @@ def main() -> None:
     model = ddpkit.prepare_model(nn.Sequential(nn.Linear(6, 32), nn.Tanh(), nn.Linear(32, 3)))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(1)
+    samples = int(os.environ.get("ELASTIC_SAMPLES", "960"))
     data = torch.utils.data.TensorDataset(
-        torch.randn(960, 6, generator=generator),
-        torch.randint(0, 3, (960,), generator=generator),
-        torch.arange(960),
+        torch.randn(samples, 6, generator=generator),
+        torch.randint(0, 3, (samples,), generator=generator),
+        torch.arange(samples),
     )
-    loader = ddpkit.prepare_loader(data, batch_size=12, batch_policy="global")
+    global_batch = int(os.environ.get("ELASTIC_GLOBAL_BATCH", "12"))
+    loader = ddpkit.prepare_loader(data, batch_size=global_batch, batch_policy="global")
     loop = ddpkit.TrainLoop({"model": model, "optimizer": opt}, folder, save_every_steps=4)
     records.mkdir(parents=True, exist_ok=True)
     pause = float(os.environ.get("ELASTIC_STEP_S", "0"))

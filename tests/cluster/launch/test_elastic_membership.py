@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.elastic import valid_records
 from helpers.launch_helpers import REPO, SCRIPTS, processes_running
 from helpers.netns import VirtualHost, virtual_hosts
 
@@ -56,35 +57,6 @@ def wait_for(condition, what: str, timeout: float = 180) -> float:  # type: igno
             return time.monotonic()
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def valid_records(records: Path) -> list[tuple[int, int, int]]:
-    """(epoch, step, sample) trained in a step that a later attempt built on.
-
-    Each worker's file starts ``# resumed at step S of world W at T``; files are ordered into
-    attempts by T. An attempt's steps after the step the next attempt resumed from were lost
-    with it (their updates never reached a checkpoint), so they do not count."""
-    files = []
-    for path in records.glob("rank*.txt"):
-        lines = path.read_text().splitlines()
-        header = lines[0].split()  # "#", "resumed", "at", "step", S, "of", "world", W, "at", T
-        files.append((float(header[9]), int(header[4]), lines[1:]))
-    files.sort()
-    attempts: list[list[tuple[float, int, list[str]]]] = []
-    for entry in files:
-        if attempts and entry[1] == attempts[-1][0][1] and entry[0] - attempts[-1][0][0] < 5:
-            attempts[-1].append(entry)
-        else:
-            attempts.append([entry])
-    kept = []
-    for index, attempt in enumerate(attempts):
-        until = attempts[index + 1][0][1] if index + 1 < len(attempts) else None
-        for _, _, lines in attempt:
-            for line in lines:
-                epoch, step, sample = map(int, line.split())
-                if until is None or step <= until:
-                    kept.append((epoch, step, sample))
-    return kept
 
 
 @pytest.mark.timeout(600)
