@@ -91,11 +91,18 @@ class Straggler:
         """``rank 1 (host b) is 38% slower than the median rank: +41 ms per step ...``."""
         who = f"rank {self.rank}" + (f" (host {self.host})" if self.host else "")
         return (
-            f"{who} is {self.slower:.0%} slower than the median rank: "
+            f"{who} is {self._how_much()} the median rank: "
             f"+{self.phase_excess_ms:.1f} ms per step {_DOING[self.phase]} "
             f"({self.work_ms:.1f} ms of work per step against {self.median_ms:.1f} ms); "
             "the others wait for it in gradient sync"
         )
+
+    def _how_much(self) -> str:
+        # A rank 10 times as slow or more reads better as a factor than as "121657% slower"
+        # (a rank asleep in its loader beside tiny steps of work).
+        if self.slower < 9:
+            return f"{self.slower:.0%} slower than"
+        return f"{self.slower + 1:,.0f} times as slow as"
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,13 @@ def test_the_straggler_is_the_rank_with_the_most_work_and_its_phase() -> None:
     assert "+34.0 ms per step waiting for data" in straggler.describe()
 
 
+def test_a_rank_ten_times_as_slow_or_more_is_said_as_a_factor() -> None:
+    rows = [row(0.001, 0.001, 0.0), row(0.001, 0.001, 0.0), row(1.6, 0.001, 0.0)]
+    straggler = RankTimes.from_rows(rows, ["a", "a", "a"]).straggler()
+    assert straggler is not None
+    assert straggler.describe().startswith("rank 2 is 534 times as slow as the median rank: +1599")
+
+
 THRESHOLD_CASES = [((0.010, 0.0148), False), ((0.010, 0.0152), True),
                    ((0.001, 0.0028), False), ((0.001, 0.0031), True)]  # fmt: skip
 
