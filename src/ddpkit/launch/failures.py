@@ -130,10 +130,18 @@ class Diagnosis:
     finished: list[int]
 
     def error(self) -> WorkerFailedError:
-        """The cause's text once, then one line per other failed rank saying what happened."""
+        """The cause's text once, then a line per thing that happened to the other failed
+        ranks, naming the ranks it happened to (64 ranks that failed when a peer left are
+        one line, not 64)."""
         cause = self.cause
         same = [f for f in self.others if f.summary == cause.summary and not f.is_echo]
-        lines = [cause.text] + [_what_happened(f, cause) for f in self.others if f not in same]
+        happened: dict[str, list[int]] = {}
+        for failure in self.others:
+            if failure not in same:
+                happened.setdefault(_what_happened(failure, cause), []).append(failure.rank)
+        lines = [cause.text] + [
+            f"{ranks_text(sorted(ranks), most=_LISTED)}: {text}" for text, ranks in happened.items()
+        ]
         failed = [cause, *self.others]
         hang = any(f.kind in (RecordKind.HANG, RecordKind.HANG_ANSWER) for f in failed)
         verdict = (
@@ -160,6 +168,9 @@ class Diagnosis:
             and cause.kind is not RecordKind.HANG_ANSWER
             and not self.finished,
         )
+
+
+_LISTED = 8  # ranks named per line; a 1,000-rank job's report stays readable
 
 
 def diagnose(
@@ -203,21 +214,21 @@ def _headline(cause: Failure, same: list[Failure], finished: list[int]) -> str |
             f"it: {SAME_CALLS_FIX}"
         )
     if same:
-        ranks = ranks_text(sorted([cause.rank, *(f.rank for f in same)]))
+        ranks = ranks_text(sorted([cause.rank, *(f.rank for f in same)]), most=_LISTED)
         return f"{ranks} failed with the same error ({_how(cause.exitcode)})"
     return None
 
 
 def _what_happened(failure: Failure, cause: Failure) -> str:
-    """One line for a rank that failed too, but is not the one to blame."""
+    """What happened to a rank that failed too, but is not the one to blame."""
     if failure.finished:
-        return f"rank {failure.rank}: finished the script ({_how(failure.exitcode)} while exiting)"
+        return f"finished the script ({_how(failure.exitcode)} while exiting)"
     if failure.stopped:
-        return f"rank {failure.rank}: stopped by the launcher after rank {cause.rank} failed"
+        return f"stopped by the launcher after rank {cause.rank} failed"
     if failure.is_echo:  # torch's words for it are a paragraph ending in "GLHF!"
         where = f" while in {failure.call}" if failure.call else ""
-        return f"rank {failure.rank}: failed when a peer left{where}"
-    return f"rank {failure.rank}: {failure.summary} ({_how(failure.exitcode)})"
+        return f"failed when a peer left{where}"
+    return f"{failure.summary} ({_how(failure.exitcode)})"
 
 
 def _finished_ranks(

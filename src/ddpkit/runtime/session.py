@@ -72,7 +72,8 @@ def init(
     ``init_method`` is ``env://``, ``tcp://HOST:PORT`` or ``file:///PATH`` with ``rank`` and
     ``world_size`` given. ``backend`` defaults to nccl on CUDA and gloo otherwise.
     ``join_timeout`` (seconds) bounds how long ranks wait for each other at start (default
-    30 on one machine, 300 across machines); ``timeout`` bounds every collective afterwards.
+    30 on one machine, 1 more per rank past its cores, 300 across machines); ``timeout``
+    bounds every collective afterwards.
     ``seed`` seeds every RNG identically on all ranks and is the base of the per-rank
     augmentation streams (see :mod:`ddpkit.runtime.seeding`). ``hang_timeout`` (seconds; default
     DDPKIT_HANG_TIMEOUT or 600, 0: off) bounds one step or collective: past it, every rank
@@ -198,14 +199,20 @@ def _join_process_group(
 
 
 def default_join_timeout(world: World, method: InitMethod) -> float:
-    """30 s when every rank is on this machine (loopback or a file), 300 s across machines.
+    """30 s when every rank is on this machine (loopback or a file), and a second more for
+    each rank past its cores; 300 s across machines.
+
+    Ranks past the cores start one after another: 64 CPU ranks of a script that imports
+    scikit-learn took over 30 s to all arrive on 2 cores (the scale tier, make scale).
 
     Example:
         >>> default_join_timeout(World(), InitMethod("file", path="/tmp/pg"))
         30.0
     """
     local = method.kind == "file" or world.master_addr in _LOOPBACK_NAMES
-    return LOCAL_JOIN_TIMEOUT_S if local else REMOTE_JOIN_TIMEOUT_S
+    if not local:
+        return REMOTE_JOIN_TIMEOUT_S
+    return LOCAL_JOIN_TIMEOUT_S + max(0, world.world_size - len(os.sched_getaffinity(0)))
 
 
 def _with_endpoint(world: World, method: InitMethod | None) -> World:

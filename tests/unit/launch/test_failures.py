@@ -55,6 +55,16 @@ def test_the_rank_with_a_cause_is_blamed_over_the_echo(tmp_path: Path) -> None:
     assert blamed.detail.endswith("\nrank 0: failed when a peer left")
 
 
+def test_the_ranks_the_same_thing_happened_to_are_one_line(tmp_path: Path) -> None:
+    write_error_file(tmp_path, 1, "ValueError: bad batch on rank 1")
+    for rank in (0, *range(2, 40)):
+        write_error_file(tmp_path, rank, ECHO)
+    err = ChildFailedError("train", {r: failure(r, 1) for r in range(40)})
+    blamed = root_cause(err, tmp_path)
+    assert blamed.rank == 1
+    assert blamed.detail.endswith("\nranks 0,2,3,4,5,6,7,8 and 31 more: failed when a peer left")
+
+
 def test_an_exception_outranks_the_agents_sigterm(tmp_path: Path) -> None:
     file1 = write_error_file(tmp_path, 1, "KeyError: 'label'")
     err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, -15, str(file1))})
