@@ -37,12 +37,18 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Virtu
 
 
 def counts(folder: Path) -> dict[int, dict[str, object]]:
-    """Each rank's counts (scale_cost_job.py), less what differs by host: descriptors,
-    threads, the store's keys."""
-    found = {}
+    """Each rank's counts (scale_cost_job.py) in its steps and at its epochs' ends: less what
+    differs by host (descriptors, threads, the store's keys) and the set-up's collectives
+    (ranks on several hosts agree on one more thing before training)."""
+    found: dict[int, dict[str, object]] = {}
     for path in folder.glob("rank*.json"):
         rank = json.loads(path.read_text())
-        found[rank["rank"]] = {k: rank[k] for k in ("steps", "epochs", "calls", "sent")}
+        found[rank["rank"]] = {"steps": rank["steps"], "epochs": rank["epochs"]} | {
+            f"{kind}:{name}": value
+            for kind in ("calls", "sent")
+            for name, value in rank[kind].items()
+            if not name.startswith("setup:")
+        }
     return found
 
 
@@ -52,6 +58,8 @@ def test_four_hosts_train_as_one_host_of_the_same_size(
 ) -> None:
     made, config = hosts
     spread = ",".join(f"{host.name}:{size // HOSTS}" for host in made)
+    for run in ("hosts", "one"):  # where each rank writes its counts
+        (tmp_path / run).mkdir()
     started = time.monotonic()
     job = subprocess.run(
         [sys.executable, "-m", "ddpkit", "run", "--ssh-config", str(config), "--env",
