@@ -72,7 +72,9 @@ def test_verify_passes(size: int, tmp_path: Path) -> None:
     ), done.stdout[-3000:]
 
 
-@pytest.mark.parametrize("size", SIZES)
+# wine's test split has 36 samples: at 64 ranks the example stops with "the dataset has 36
+# sample(s) but the job has 64 ranks: every rank needs at least one"
+@pytest.mark.parametrize("size", [n for n in SIZES if n <= 36])
 def test_a_sharded_checkpoint_saved_at_this_size_resumes_exactly(size: int, tmp_path: Path
                                                                ) -> None:  # fmt: skip
     """FSDP: 2 epochs with a checkpoint (each rank its own shard files), then a run to 4
