@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ddpkit.checkpoint import list_checkpoints
@@ -39,6 +39,19 @@ class Job:
     def finish(self, timeout: float = 120) -> tuple[int, str, str]:
         code = self.process.wait(timeout=timeout)
         return code, self.out.read_text(), self.err.read_text()
+
+
+@contextlib.contextmanager
+def killed_at_the_end(launchers: list[subprocess.Popen[str]]) -> Iterator[None]:
+    """Launchers started in sessions of their own (and any put in the list meanwhile): each
+    still running at the block's end, a failed wait's or not, is killed with its session."""
+    try:
+        yield
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(launcher.pid, signal.SIGKILL)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from helpers.elastic import valid_records
-from helpers.jobs import wait_until
+from helpers.jobs import killed_at_the_end, wait_until
 from helpers.launch_helpers import REPO, SCRIPTS
 
 SIZES = [int(n) for n in os.environ.get("SCALE_SIZES", "8").split(",") if n.strip()]
@@ -74,7 +74,7 @@ def test_a_node_lost_the_job_goes_on_one_smaller_and_grows_back(size: int, tmp_p
     port, last = free_port(), size - 1
     said = lambda: "".join(p.read_text() for p in tmp_path.glob("*.log"))  # noqa: E731
     agents = [launcher(size, port, tmp_path, "agent0.log")]
-    try:
+    with killed_at_the_end(agents):
         wait_until(lambda: listening(port), 120, "the rendezvous store of launcher 0")
         agents += [launcher(size, port, tmp_path, f"agent{i}.log") for i in range(1, size)]
         wait_until(lambda: any((tmp_path / "ck").glob("*.pt")), 300, "a first checkpoint")
@@ -88,10 +88,6 @@ def test_a_node_lost_the_job_goes_on_one_smaller_and_grows_back(size: int, tmp_p
                    f"the job grown back to {size}")  # fmt: skip
         grown = time.monotonic()
         outcomes = [agent.wait(timeout=300) for agent in agents]
-    finally:
-        for agent in agents:
-            if agent.poll() is None:
-                os.killpg(agent.pid, signal.SIGKILL)
     output = said()
     assert outcomes == [0] * size, output[-4000:]
     batch = size * (size - 1)

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from ddpkit.checkpoint.memory import SnapshotRing
-from helpers.jobs import wait_until
+from helpers.jobs import killed_at_the_end, wait_until
 from helpers.launch_helpers import REPO, SCRIPTS, ddpkit_cli
 from helpers.netns import VirtualHost, virtual_hosts
 
@@ -74,7 +74,7 @@ def test_a_node_killed_resumes_from_the_next_nodes_copy_with_no_step_lost(tmp_pa
     started = time.time()
     with virtual_hosts(2) as hosts:
         agents = [launcher(hosts, i, tmp_path, f"host{i}.log", pause) for i in range(2)]
-        try:
+        with killed_at_the_end(agents):
             wait_until(
                 lambda: len(list(tmp_path.glob("pause.rank*"))) == 4, 180, "every rank at 57"
             )
@@ -91,10 +91,6 @@ def test_a_node_killed_resumes_from_the_next_nodes_copy_with_no_step_lost(tmp_pa
             wait_until(lambda: "resumed from memory" in first.read_text(), 180, "the resume")
             resumed = time.monotonic()
             outcomes = [agent.wait(timeout=300) for agent in agents]
-        finally:
-            for agent in agents:
-                if agent.poll() is None:
-                    os.killpg(agent.pid, signal.SIGKILL)
     output = (tmp_path / "host0.log").read_text()
     print(
         f"node killed -> resumed from memory with a replacement started at once: "
