@@ -77,7 +77,7 @@ def thread_stack(thread_id: int, frames_shown: int = 8) -> list[str]:
     frame = sys._current_frames().get(thread_id)
     if frame is None:
         return []
-    frames = traceback.extract_stack(frame)
+    frames = list(traceback.extract_stack(frame))
     if frames and frames[0].filename == "<string>":  # a warm worker's server: ``python -c``
         frames = frames[1:]
     own = [f for f in frames if not is_hidden(f.filename)][-frames_shown:]
