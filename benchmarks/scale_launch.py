@@ -35,9 +35,18 @@ def time_once(command: list[str]) -> tuple[float, str]:
     done = subprocess.run(command, capture_output=True, text=True, timeout=900,
                           env={**os.environ, **env})  # fmt: skip
     elapsed = time.perf_counter() - start
-    if done.returncode != 0:
+    output = done.stdout + done.stderr
+    twin = "torch.distributed.run" in command
+    if done.returncode != 0 and twin and "epoch 3/3" in output and "SIGABRT" in output:
+        # The hand-written twin trained to its end and a worker aborted at exit: torch's gloo
+        # thread freeing the last all-reduce's tensor while the interpreter shuts down (the
+        # default group outlives destroy_process_group once DDP imported
+        # torch.distributed.nn); ddpkit's shutdown avoids it. Timed as it ran, and said.
+        print("note: torchrun's job trained to its end, then a worker aborted at exit "
+              "(torch's gloo teardown race)", flush=True)  # fmt: skip
+    elif done.returncode != 0:
         raise SystemExit(f"{command} failed:\n{done.stderr[-3000:]}")
-    return elapsed, done.stdout + done.stderr
+    return elapsed, output
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from ddpkit._core.protocol import (
     HANG_EXIT_CODE,
+    PREEMPTED_EXIT_CODE,
     SAME_CALLS_FIX,
     RecordKind,
     error_call,
@@ -80,8 +81,12 @@ class Failure:
     @property
     def stopped(self) -> bool:
         """True when a signal stopped this worker (SIGTERM's default, or ddpkit's exit 75):
-        the agent's doing when another worker failed, or a preemption when all were."""
-        return self.exitcode == -signal.SIGTERM or self.kind is RecordKind.PREEMPTED
+        the agent's doing when another worker failed, or a preemption when all were. A
+        worker stopped while it was failing keeps its own error as its record, but its exit
+        code is the stop's: the peer that ended by itself with the same error is the cause
+        (the job must not end 75, which asks a scheduler to requeue it)."""
+        stop_codes = (-signal.SIGTERM, PREEMPTED_EXIT_CODE)
+        return self.exitcode in stop_codes or self.kind is RecordKind.PREEMPTED
 
     @property
     def finished(self) -> bool:

@@ -65,6 +65,19 @@ def test_the_ranks_the_same_thing_happened_to_are_one_line(tmp_path: Path) -> No
     assert blamed.detail.endswith("\nranks 0,2,3,4,5,6,7,8 and 31 more: failed when a peer left")
 
 
+def test_a_rank_stopped_while_failing_with_the_same_error_is_not_the_cause(tmp_path: Path
+                                                                            ) -> None:  # fmt: skip
+    # both ranks raised the same ConfigError; rank 0 was still exiting when the agent's
+    # SIGTERM came (exit 75, its own error kept as its record): the job ends 1, not 75
+    error = "ddpkit.errors.ConfigError: the dataset has 1 sample(s) but the job has 2 ranks"
+    for rank in (0, 1):
+        write_error_file(tmp_path, rank, error)
+    err = ChildFailedError("train", {0: failure(0, 75), 1: failure(1, 1)})
+    blamed = root_cause(err, tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (1, 1)
+    assert "ranks 0,1 failed with the same error (exit code 1)" in str(blamed)
+
+
 def test_an_exception_outranks_the_agents_sigterm(tmp_path: Path) -> None:
     file1 = write_error_file(tmp_path, 1, "KeyError: 'label'")
     err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, -15, str(file1))})
