@@ -115,16 +115,22 @@ def kill_during_writes_then_finish(
     # is faster than any seen is still in flight. The torn write left behind proves it was.
     inside_s = reference.shortest_write_s / 4
     newest: Path | None = None  # the newest complete checkpoint: the next run's start
-    for _ in range(count):
+    hits, tries = 0, 0
+    # A loaded machine can still deschedule this poll past a fast write's rename (CI: a
+    # 0.05 s write, the kill 0.012 s later, came after it): such a kill tests nothing new,
+    # so it is counted as a miss and tried again, a bounded number of times.
+    while hits < count:
+        assert tries < 3 * count, f"{tries} kills, {hits} inside a write: writes too fast to hit"
+        tries += 1
         job = start(folder, out, strategy, nproc)
         torn = kill_inside_a_write(folder, job, chance.uniform(0, inside_s), nproc)
         output = finish(job)
         resumed = re.findall(r"resumed from (\S+) ", output)
         assert resumed == ([str(newest)] if newest else []), output  # the newest, or none yet
-        assert (folder / torn).exists(), (torn, output)  # the kill came inside this write
         complete = list_checkpoints(folder)
         assert complete and complete[-1] != newest, output  # and after one of this run's
         newest = complete[-1]
+        hits += (folder / torn).exists()  # the torn write left behind: the kill was inside it
     output = finish(start(folder, out, strategy, nproc))
     assert f"resumed from {newest}" in output and DONE in output, output
     assert temporaries(folder, checkpoints_only=False) == set()  # the torn writes were removed
@@ -139,14 +145,18 @@ def kill_inside_a_write(
     SIGKILL the job ``delay_s`` later; the temporary file of the write it was in."""
     before = set(list_checkpoints(folder)) if folder.is_dir() else set()
     deadline = time.monotonic() + 180
+    workers: list[int] | None = None
     while time.monotonic() < deadline and job.poll() is None:
         # Its own checkpoint first: resuming removed what the killed run before left, and
         # a rename is atomic, so a temporary file seen after it is a later write's.
         mine = set(list_checkpoints(folder)) - before if folder.is_dir() else set()
-        writing = temporaries(folder) if mine else set()
-        if writing:
-            workers = workers_of(job.pid)  # looked up first, so that the kill comes on time
+        if mine and workers is None:
+            # Looked up once they have saved, before the write to hit: walking /proc
+            # between seeing the write and the kill let a fast write finish first.
+            workers = workers_of(job.pid)
             assert len(workers) == nproc, workers
+        writing = temporaries(folder) if mine else set()
+        if writing and workers is not None:
             time.sleep(delay_s)
             kill_9(job, workers)
             return writing.pop()
