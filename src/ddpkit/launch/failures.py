@@ -77,16 +77,21 @@ class Failure:
     call: str | None = None  # the torch/ddpkit call the user's code was in
     kind: RecordKind = RecordKind.ERROR
     collectives: tuple[dict[str, Any], ...] = ()  # its last ones (torch's Flight Recorder)
+    stopped_while_failing: bool = False  # ended 75 by ddpkit's SIGTERM handler, its error kept
 
     @property
     def stopped(self) -> bool:
         """True when a signal stopped this worker (SIGTERM's default, or ddpkit's exit 75):
         the agent's doing when another worker failed, or a preemption when all were. A
-        worker stopped while it was failing keeps its own error as its record, but its exit
-        code is the stop's: the peer that ended by itself with the same error is the cause
-        (the job must not end 75, which asks a scheduler to requeue it)."""
+        worker stopped while it was failing keeps its own error as its record and its
+        error's exit code (the job must not end 75, which asks a scheduler to requeue it),
+        and counts as stopped: a peer that ended by itself with the same error is the cause."""
         stop_codes = (-signal.SIGTERM, PREEMPTED_EXIT_CODE)
-        return self.exitcode in stop_codes or self.kind is RecordKind.PREEMPTED
+        return (
+            self.exitcode in stop_codes
+            or self.kind is RecordKind.PREEMPTED
+            or self.stopped_while_failing
+        )
 
     @property
     def finished(self) -> bool:
@@ -282,11 +287,14 @@ def _all_failures(err: ChildFailedError, log_dir: Path) -> list[Failure]:
                 reported[rank] = replace(reported[rank], text=found.text, kind=found.kind)
             continue  # not reported: it exited 0
         # A worker that recorded its error failed with it (exit code 1, or its sys.exit code),
-        # even when the agent's SIGTERM reached it while it was still exiting.
+        # even when the agent's SIGTERM reached it while it was still exiting: killed by it,
+        # or ended 75 by ddpkit's handler (fc28: the job, caused by this rank, ended 75).
         exitcode = reported[rank].exitcode if rank in reported else -1
-        exitcode = exitcode if exitcode > 0 else (found.exitcode or 1)
+        stopped = exitcode == PREEMPTED_EXIT_CODE and found.kind is not RecordKind.PREEMPTED
+        exitcode = exitcode if exitcode > 0 and not stopped else (found.exitcode or 1)
         reported[rank] = Failure(rank, exitcode, found.text, found.timestamp, found.headline,
-                                 found.call, found.kind, tuple(found.collectives))  # fmt: skip
+                                 found.call, found.kind, tuple(found.collectives),
+                                 stopped)  # fmt: skip
     return list(reported.values())
 
 

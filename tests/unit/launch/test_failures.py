@@ -78,6 +78,20 @@ def test_a_rank_stopped_while_failing_with_the_same_error_is_not_the_cause(tmp_p
     assert "ranks 0,1 failed with the same error (exit code 1)" in str(blamed)
 
 
+def test_the_failing_rank_stopped_while_exiting_still_ends_the_job_with_its_own_code(
+    tmp_path: Path,
+) -> None:
+    # fc28: rank 1 raised; rank 0, in a barrier, failed when it left; the agent's SIGTERM
+    # then reached rank 1 while it was still exiting (ddpkit's handler: exit 75). The cause
+    # is rank 1 with exit code 1; a job ending 75 would ask a scheduler to requeue it.
+    write_error_file(tmp_path, 1, "RuntimeError: deliberate failure on rank 1")
+    write_error_file(tmp_path, 0, ECHO)  # gloo: the peer closed its connection
+    err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, 75)})
+    blamed = root_cause(err, tmp_path)
+    assert (blamed.rank, blamed.exitcode) == (1, 1)
+    assert "worker rank 1 failed (exit code 1)" in str(blamed)
+
+
 def test_an_exception_outranks_the_agents_sigterm(tmp_path: Path) -> None:
     file1 = write_error_file(tmp_path, 1, "KeyError: 'label'")
     err = ChildFailedError("train", {0: failure(0, 1), 1: failure(1, -15, str(file1))})
