@@ -1,7 +1,8 @@
 """The one part of a run that watches it: the loop tells it what happened, it never answers.
 
 It holds the step clock (where each step's time goes), the ranks' report (every rank's times
-and memory, shared every ``log_every`` or 50 steps and at each epoch's end) and rank 0's
+and memory, shared at each epoch's end and inside it every ``log_every`` steps, or else about
+every 10 s: after 50 steps first, then as many as rank 0 took 10 s for) and rank 0's
 console (the start-up line, the bar, step and epoch lines). The experiment logs and the
 bench report listen through the run's callbacks instead: they are hooks users may add to.
 
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,12 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.rankreport import RankReport
 from ddpkit.observe.steptime import StepClock
 
-TIMES_WINDOW = 50  # optimizer steps between sharing the step times (without log_every)
+TIMES_WINDOW = 50  # optimizer steps before the first sharing of the step times
+# Then about this long between sharings (without log_every): each one is a collective and
+# rank 0's look at every rank's row, 2-4 ms on gloo; every 50 steps it was 0.5% of a 15 ms
+# step (benchmarks/loop_parity.py's GPT-2, 2026-12-07).
+SHARE_EVERY_S = 10.0
+_MOST_STEPS = 100_000
 
 
 class RunObserver:
@@ -52,7 +59,9 @@ class RunObserver:
         spec = ProfileSpec.from_environment(os.environ) or profile  # ddpkit run's flag wins
         self.profiler = RankProfiler(spec, self.clock, profile_dir or profile_folder(None))
         self.console = Console(log_every)
+        self.log_every = log_every
         self.window = log_every or TIMES_WINDOW  # steps between sharing the times
+        self._since, self._shared_at = 0, time.monotonic()  # steps since the last sharing
 
     def fit_started(
         self, setup: SetupLine, resumed: Mapping[str, Any] | None, step: int = 0
@@ -80,12 +89,31 @@ class RunObserver:
     ) -> None:
         """Optimizer step ``step`` is done; every ``window`` steps the ranks share their times
         (only when ``collective``: every rank is at this step, not in an uneven epoch)."""
-        if collective and step % self.window == 0:
-            self.console.times = self.ranks.share(loader, asks=self.profiler.asked())
-            if self.ranks.asked:
-                self.profiler.requested(step)
+        if collective:  # written out, not a call: every step passes here
+            self._since += 1
+            every = self.log_every  # the step lines' own steps, else the agreed window
+            if (step % every == 0) if every is not None else self._since >= self.window:
+                self._share(loader, step)
         self.profiler.step_done(step, self.ranks.latest, collective)
         self.console.step_done(where, metrics)
+
+    def _share(self, loader: LoaderFacts | None, step: int) -> None:
+        """Every rank's times, and the next window: rank 0's proposal, carried in the same
+        all-gather, so that every rank shares again at the same step."""
+        proposal = torch.tensor([self._next_window()], dtype=torch.float64)
+        times, carried = self.ranks.share_carrying(loader, proposal, self.profiler.asked())
+        self.console.times = times
+        if carried is not None and self.log_every is None:
+            self.window = int(carried[0, 0].item())
+        self._since, self._shared_at = 0, time.monotonic()
+        if self.ranks.asked:
+            self.profiler.requested(step)
+
+    def _next_window(self) -> float:
+        """The steps this rank took about :data:`SHARE_EVERY_S` for, at its pace since the
+        last sharing (only rank 0's counts)."""
+        per_step = (time.monotonic() - self._shared_at) / max(1, self._since)
+        return float(min(_MOST_STEPS, max(1, round(SHARE_EVERY_S / max(per_step, 1e-9)))))
 
     def epoch_times(
         self, loader: LoaderFacts | None, carry: torch.Tensor | None = None

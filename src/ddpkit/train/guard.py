@@ -91,8 +91,8 @@ class StepGuard:
         self._skipped_in_loop = False  # an uneven epoch: no exchange inside it
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """Add one micro-batch's loss, without waiting for it."""
-        value = loss.detach()
+        """Add one micro-batch's loss, without waiting for it (the loop gives it detached)."""
+        value = loss.detach() if loss.requires_grad else loss
         if value.dim() or value.dtype != torch.float32:  # a scalar fp32 loss: no op
             value = value.float().sum()
         self._losses = value if self._losses is None else self._losses + value

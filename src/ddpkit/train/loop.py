@@ -235,10 +235,10 @@ class TrainLoop:
         """``loss.backward()`` with the NaN/inf check, the accumulation group's share and
         fp16's loss scaling; use it instead of ``loss.backward()``."""
         self.monitor.backward(self.updater.final)
-        self.updater.backward(loss)
+        detached = self.updater.backward(loss)
         self.clock.backward_done()
         if self._progress is not None:
-            self._progress.note_loss(loss)
+            self._progress.note_loss(detached)
 
     def optimizer_step(self, *optimizers: torch.optim.Optimizer) -> bool:
         """The guard's verdict, then ``opt.step()`` and ``opt.zero_grad()`` for each of

@@ -105,8 +105,9 @@ class EpochProgress:
         self._ended = time.perf_counter()
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """A loss the batch gave to backward (several: their sum), its metric by default."""
-        detached = loss.detach()
+        """A loss the batch gave to backward (several: their sum), its metric by default
+        (the loop gives it detached)."""
+        detached = loss.detach() if loss.requires_grad else loss
         self._loss = detached if self._loss is None else self._loss + detached
 
     def record(self, metrics: dict[str, Any], samples: Any) -> None:

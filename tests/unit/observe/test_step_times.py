@@ -451,3 +451,53 @@ def test_a_straggler_on_a_host_with_more_cpu_ranks_than_cores_says_so(
     )
     report.world = World(rank=0, local_rank=0, world_size=2, local_world_size=2)
     assert report._oversubscribed() == ""
+
+
+class FakeTime:
+    """time.monotonic as a test moves it: ``step_s`` a step."""
+
+    def __init__(self, step_s: float) -> None:
+        self.now, self.step_s = 1000.0, step_s
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def shared_at(log_every: int | None, step_s: float, steps: int,
+              monkeypatch: pytest.MonkeyPatch) -> list[int]:  # fmt: skip
+    """The steps at which a run's observer shared the ranks' times (a world of one)."""
+    from ddpkit.observe import observer
+
+    fake = FakeTime(step_s)
+    monkeypatch.setattr(observer, "time", fake)
+    ddpkit.init()
+    try:
+        watched = observer.RunObserver([torch.nn.Linear(2, 1)], torch.device("cpu"), log_every)
+        shares: list[int] = []
+        real = watched.ranks.share_carrying
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            shares.append(step)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(watched.ranks, "share_carrying", counted)
+        for step in range(1, steps + 1):
+            fake.now += step_s
+            watched.step_done(step, True, None, lambda: "", {})
+        return shares
+    finally:
+        ddpkit.shutdown()
+
+
+def test_the_times_are_shared_after_50_steps_then_about_every_10_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 20 ms steps: the first sharing at step 50, then one each 500 steps (10 s at that pace);
+    # every 50 steps cost 0.5% of a 15 ms GPT-2 step here (each sharing 2-4 ms on gloo)
+    assert shared_at(None, 0.02, 1100, monkeypatch) == [50, 550, 1050]
+    # 2 s steps: every 5 steps after the first 50, not every 50 (100 s apart)
+    assert shared_at(None, 2.0, 65, monkeypatch) == [50, 55, 60, 65]
+
+
+def test_log_every_shares_at_its_own_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert shared_at(7, 0.02, 30, monkeypatch) == [7, 14, 21, 28]
