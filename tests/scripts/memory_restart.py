@@ -4,10 +4,12 @@
     memory_restart.py OUT_DIR [KILL_AFTER_STEP]
     MEMORY_RESTART_STRATEGY=fsdp memory_restart.py ...   # sharded: each rank keeps its shards
     MEMORY_RESTART_PAUSE=K:FILE memory_restart.py ...     # a whole node is killed meanwhile
+    MEMORY_RESTART_EPOCHS=3 memory_restart.py ...         # 3 epochs (2 unless said)
 
 2 epochs of 40 steps (8 samples a rank a step), dropout (the random streams count), AdamW with a
 schedule, a checkpoint folder written every 1000 steps (never, before the end: a restart can
-only go on from memory). With KILL_AFTER_STEP, the last rank of the first attempt kills itself
+only go on from memory); the run's last epoch is saved there, and a run of more epochs in the
+same OUT_DIR resumes from it. With KILL_AFTER_STEP, the last rank of the first attempt kills itself
 at the batch after that step (during the next step). Rank 0 writes the final parameters and the
 epochs' metrics to OUT_DIR/final.pt, and the job's memory folder's name to
 OUT_DIR/memory-folder. With MEMORY_RESTART_PAUSE=K:FILE every rank of the first attempt, after
@@ -52,7 +54,7 @@ def main() -> None:
     loader = ddpkit.prepare_loader(data, batch_size=8)
     parts = {"model": model, "optimizer": opt, "scheduler": schedule}
     loop = ddpkit.TrainLoop(parts, out / "checkpoints", save_every_steps=1000)
-    for _epoch in loop.epochs(2):
+    for _epoch in loop.epochs(int(os.environ.get("MEMORY_RESTART_EPOCHS", "2"))):
         for x, y in loop.batches(loader):
             last = world.rank == world.world_size - 1  # rank 1 of 2 (the only one on 1 GPU)
             if loop.step == kill_after and last and world.restart == 0:
