@@ -66,18 +66,15 @@ class RankReport:
         self.clock.restart()
         reset_peak_memory(self.world.device)
 
-    def share(self, loader: LoaderFacts | None, asks: bool = False) -> RankTimes | None:
-        """Every rank's times so far this epoch (a collective; None when the clock is off);
-        rank 0 says what they show of the epoch training on ``loader``. ``asks``: this rank
-        asks for a profile; :attr:`asked` is then whether any rank did (the same all-gather)."""
-        return self.share_carrying(loader, None, asks)[0]
-
     def share_carrying(
         self, loader: LoaderFacts | None, carry: torch.Tensor | None, asks: bool = False
     ) -> tuple[RankTimes | None, torch.Tensor | None]:
-        """:meth:`share`, the all-gather also carrying ``carry`` (a row of float64 numbers,
-        the same length on every rank): every rank's, by rank, come back with the times. One
-        collective where two would be (0.3-1 ms each on gloo); none when there is nothing."""
+        """Every rank's times so far this epoch (a collective; None when the clock is off);
+        rank 0 says what they show of the epoch training on ``loader``. ``asks``: this rank
+        asks for a profile; :attr:`asked` is then whether any rank did. The same all-gather
+        carries ``carry`` (a row of float64 numbers, the same length on every rank): every
+        rank's, by rank, come back with the times. One collective where two would be (0.3-1
+        ms each on gloo)."""
         if not self.clock.enabled:
             return None, (all_gather_same(carry.cpu()) if carry is not None else None)
         own = [*times_row(self.clock.totals(), peak_memory_bytes(self.world.device)), float(asks)]
