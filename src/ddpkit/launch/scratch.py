@@ -46,7 +46,10 @@ def launch_folder(root: str | None = None) -> Iterator[str]:
         try:
             yield folder
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            # Renamed first, as a sweep does: a launcher killed while removing it (a
+            # test's or a scheduler's kill -9 right after the job ended) leaves a folder
+            # the next sweep finishes, not an owner-less half of one kept for a day.
+            _remove(Path(folder))
 
 
 @contextlib.contextmanager

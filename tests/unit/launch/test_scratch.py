@@ -81,6 +81,24 @@ def test_a_folder_a_killed_sweep_was_removing_is_removed_by_the_next(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_launcher_killed_while_removing_its_folder_leaves_one_the_next_sweep_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seen in CI: a launcher killed with -9 halfway through removing its own folder (its
+    owner file already gone) left the rest, kept for a day as a folder being made. The
+    folder is renamed before it is removed, so what a kill leaves is marked as swept."""
+    from ddpkit.launch import scratch as module
+
+    monkeypatch.setattr(module.shutil, "rmtree", lambda *_, **__: None)  # killed there
+    with module.launch_folder(str(tmp_path)) as folder:
+        Path(folder, "attempt_0", "1").mkdir(parents=True)
+    (left,) = tmp_path.iterdir()
+    assert left.name == Path(folder).name + SWEPT
+    monkeypatch.undo()
+    assert sweep_dead_launchers(str(tmp_path)) == [str(left)]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_sweep_while_a_launcher_makes_its_folder_never_takes_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
