@@ -90,6 +90,7 @@ class SnapshotRing:
         self._orders: dict[int, int] = {}  # each slot's snapshot, by order (-1: none)
         self._maps: dict[int, tuple[mmap.mmap, torch.Tensor]] = {}
         self._views: dict[int, tuple[Any, list[tuple[Any, ...]], int, list[torch.Tensor]]] = {}
+        self._paths: dict[tuple[int, str], str] = {}
         self.pinned: int | None = None  # a slot being copied away: not overwritten meanwhile
         self.last: int | None = None  # the slot written last
 
@@ -98,9 +99,8 @@ class SnapshotRing:
         in the slot written longest ago; sealed when this returns."""
         slot = self._oldest_slot()
         self._orders[slot] = order
-        head = self._path(slot, "head")
         with contextlib.suppress(FileNotFoundError):
-            head.unlink()  # unsealed before a byte of its data changes
+            os.unlink(self._path(slot, "head"))  # unsealed before a byte of its data changes
         tensors: list[tuple[str, int, torch.Tensor]] = []
         skeletons = (_skeleton(shared, SHARED, tensors), _skeleton(own, OWN, tensors))
         mine = [t for t in tensors if t[0] == SHARED and t[1] % self.writers == self.share]
@@ -116,7 +116,14 @@ class SnapshotRing:
     def _seal(self, slot: int, header: bytes) -> None:
         """The slot's header written aside and renamed into place: the slot is whole."""
         making = self._path(slot, "making")
-        making.write_bytes(header)
+        # os-level calls, not pathlib's: a snapshot is sealed every step
+        fd = os.open(making, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            written = 0
+            while written < len(header):
+                written += os.write(fd, memoryview(header)[written:])
+        finally:
+            os.close(fd)
         os.replace(making, self._path(slot, "head"))  # sealed
         self.last = slot
 
@@ -140,7 +147,7 @@ class SnapshotRing:
             header, data = ring.sealed(ring.last)
         """
         try:
-            raw = self._path(slot, "head").read_bytes()
+            raw = Path(self._path(slot, "head")).read_bytes()
         except OSError:
             return None
         header = _PlainUnpickler(io.BytesIO(raw)).load()
@@ -165,7 +172,7 @@ class SnapshotRing:
         """
         slot = self._oldest_slot()
         with contextlib.suppress(FileNotFoundError):
-            self._path(slot, "head").unlink()  # unsealed before a byte of its data changes
+            os.unlink(self._path(slot, "head"))  # unsealed before a byte of its data changes
         self._orders[slot] = 1 + max(self._orders.values(), default=-1)
         return slot, self._data(slot, size)[:size]
 
@@ -226,7 +233,7 @@ class SnapshotRing:
 
     def _header(self, slot: int) -> dict[str, Any] | None:
         try:
-            raw = self._path(slot, "head").read_bytes()
+            raw = Path(self._path(slot, "head")).read_bytes()
         except OSError:  # none: a slot never written, or being written
             return None
         try:
@@ -253,8 +260,11 @@ class SnapshotRing:
         self._maps[slot] = (region, view)
         return view
 
-    def _path(self, slot: int, kind: str) -> Path:
-        return self.folder / f"{self.owner}.{slot}.{kind}"
+    def _path(self, slot: int, kind: str) -> str:
+        path = self._paths.get((slot, kind))
+        if path is None:  # made once: the same few names every step
+            path = self._paths[(slot, kind)] = str(self.folder / f"{self.owner}.{slot}.{kind}")
+        return path
 
 
 def read_snapshot(rings: list[SnapshotRing], key: str) -> tuple[Any, Any]:

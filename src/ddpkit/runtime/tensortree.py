@@ -27,11 +27,20 @@ def map_tensors(state: Any, change: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(state, torch.Tensor):
         return change(state)
     if isinstance(state, dict):
-        return type(state)((key, map_tensors(value, change)) for key, value in state.items())
+        return type(state)(
+            (key, value if type(value) in _PLAIN else map_tensors(value, change))
+            for key, value in state.items()
+        )
     if isinstance(state, list | tuple):
-        items = [map_tensors(value, change) for value in state]
+        # A memory snapshot walks the run's state every step: an optimizer's lists of
+        # parameter numbers are most of its leaves, kept here without a call each.
+        items = [value if type(value) in _PLAIN else map_tensors(value, change)
+                 for value in state]  # fmt: skip
         return type(state)(*items) if hasattr(state, "_fields") else type(state)(items)
     return state
+
+
+_PLAIN = frozenset({int, float, str, bool, type(None), bytes})  # leaves, kept as they are
 
 
 def tensor_bytes(state: Any) -> int:

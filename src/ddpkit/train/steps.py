@@ -27,6 +27,8 @@ Example:
 
 from __future__ import annotations
 
+import array
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +59,7 @@ class MetricSums:
         self.agreed: list[str] = list(agreed or [])
         self._sums = torch.zeros(1, dtype=torch.float64, device=device)  # [samples, *names]
         self._pending: list[tuple[Any, ...]] = []  # (samples, *values) of batches not folded
+        self._plain = 0  # the waiting rows made plain numbers (a snapshot's), from the first
 
     @property
     def sums(self) -> torch.Tensor:
@@ -66,26 +69,44 @@ class MetricSums:
 
     def local_state(self) -> dict[str, Any]:
         """This rank's sums as they stand, with no collective: a memory snapshot's, every
-        step. The waiting batches are folded in first (a few ops on the device; a snapshot
-        of each of their values would cost more), so a run with snapshots adds its sums in
-        other groups than one without: the same to about 1e-16, and a resumed run adds them
-        exactly as the uninterrupted run with snapshots did.
+        step. The batches waiting to be added come as plain numbers when they are on the
+        CPU (reading one there waits for nothing, and a run resumed from them adds them in
+        the same groups as one never stopped); on a GPU they are folded in first (a few ops
+        on the device; reading each would wait for it), so a run with snapshots adds its
+        sums in other groups than one without: the same to about 1e-16.
 
         Example:
             >>> sums = MetricSums(torch.device("cpu"))
-            >>> sums.add({"loss": 0.5}, samples=2)
+            >>> sums.add({"loss": torch.tensor(0.5)}, samples=2)
             >>> again = MetricSums(torch.device("cpu"))
             >>> again.load_local_state(sums.local_state())
             >>> again.sums.tolist()
             [2.0, 1.0]
         """
-        return {"names": list(self.names), "sums": self.sums}
+        if not self._pending_as_numbers():
+            self._fold()
+        return {"names": list(self.names), "sums": self._sums, "pending": _packed(self._pending)}
 
     def load_local_state(self, state: Mapping[str, Any]) -> None:
         """Put back :meth:`local_state` output (of this rank, at the same world size)."""
         self.names = list(state["names"])
         self._sums = state["sums"].to(self.device, copy=True)
-        self._pending = []
+        self._pending = _unpacked(state.get("pending"))
+        self._plain = len(self._pending)
+
+    def _pending_as_numbers(self) -> bool:
+        """The waiting rows' values made plain numbers, when all are on the CPU (False:
+        some are on a device, left as they are). The same values: a CPU tensor's number is
+        exact in float64, as its stack converted to float64 is."""
+        plain = self._plain
+        if plain == len(self._pending):  # most steps: one row more since the last time
+            return True
+        rows = self._pending[plain:]
+        if any(isinstance(v, torch.Tensor) and not _on_cpu(v) for row in rows for v in row):
+            return False
+        self._pending[plain:] = [tuple(map(_as_number, row)) for row in rows]
+        self._plain = len(self._pending)
+        return True
 
     def add(self, values: Mapping[str, Any], samples: int | float | torch.Tensor) -> None:
         """Add one step's means (tensors or numbers), each over ``samples`` samples.
@@ -198,7 +219,7 @@ class MetricSums:
         if not self._pending:
             return
         block = torch.stack([self._column(c) for c in zip(*self._pending, strict=True)])
-        self._pending = []
+        self._pending, self._plain = [], 0
         self._sums[0] += block[0].sum()
         if len(block) > 1:
             self._sums[1:] += (block[1:] * block[0]).sum(dim=1)
@@ -229,6 +250,30 @@ def _one_number(value: Any) -> Any:
             value = value.reshape(())
         return value.detach() if value.requires_grad else value
     return float(value)
+
+
+def _packed(rows: list[tuple[Any, ...]]) -> tuple[int, bytes]:
+    """Rows of plain numbers as their width and float64 bytes: one value to walk and
+    pickle, not one per number (exact: a count or a float32 mean is one in float64)."""
+    width = len(rows[0]) if rows else 0
+    return width, array.array("d", itertools.chain.from_iterable(rows)).tobytes()
+
+
+def _unpacked(packed: tuple[int, bytes] | None) -> list[tuple[Any, ...]]:
+    if not packed or not packed[0]:
+        return []
+    width, raw = packed
+    values = array.array("d", raw).tolist()
+    return [tuple(values[i : i + width]) for i in range(0, len(values), width)]
+
+
+def _on_cpu(tensor: torch.Tensor) -> bool:
+    """A plain tensor in the CPU's memory (a DTensor, say, is folded as it is)."""
+    return type(tensor) is torch.Tensor and tensor.device.type == "cpu"
+
+
+def _as_number(value: Any) -> Any:
+    return value.item() if isinstance(value, torch.Tensor) else value
 
 
 def agreed_names(mine: list[str]) -> list[str]:

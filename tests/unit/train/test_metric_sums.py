@@ -92,3 +92,27 @@ def test_the_loops_epoch_end_is_one_all_gather(monkeypatch: pytest.MonkeyPatch) 
     ddpkit.shutdown()
     assert between_epochs[0][0] == "all_gather_same"  # then the metric names are agreed on
     assert between_epochs[1:] == [["all_gather_same"], ["all_gather_same"]]
+
+
+@pytest.mark.parametrize("resume_at", [1, 37, 64, 65, 150])
+def test_sums_kept_every_step_and_resumed_anywhere_add_up_exactly_as_never_kept(
+    resume_at: int,
+) -> None:
+    """A memory snapshot takes the sums after every step; the batches not yet added go in
+    it as plain numbers, not added first: a run resumed from any step, or never stopped,
+    ends with the very sums of a run that kept no snapshot (not just to 1e-16)."""
+    generator = torch.Generator().manual_seed(resume_at)
+    rows = [
+        ({"loss": torch.rand((), generator=generator) * 7,
+          "accuracy": torch.rand((), generator=generator, dtype=torch.float64)}, 3 + i % 2)
+        for i in range(150)
+    ]  # fmt: skip
+    never_kept, kept = MetricSums(CPU), MetricSums(CPU)
+    for index, (values, samples) in enumerate(rows, start=1):
+        never_kept.add(values, samples)
+        kept.add(values, samples)
+        snapshot = kept.local_state()
+        if index == resume_at:  # restarted: a new process takes the snapshot up
+            kept = MetricSums(CPU)
+            kept.load_local_state(snapshot)
+    assert torch.equal(kept.sums, never_kept.sums), (kept.sums, never_kept.sums)
