@@ -37,10 +37,11 @@ demo: $(VENV)/.examples-installed
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
 # Two passes: on TEST_WORKERS pytest workers, then the tests marked serial (they time things) alone.
 # Last, what the tests left in the temporary folder (tests/helpers/leftovers.py): none.
+# The parallel pass names its 30 slowest tests: where make test's time goes, in CI's log too.
 test: test-notice $(VENV)/.test-installed lint typecheck docs
 	$(BIN)/python tests/helpers/leftovers.py start
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" $(ON_WORKERS) \
-	  $(PYTEST_ARGS)
+	  --durations=30 --durations-min=5 $(PYTEST_ARGS)
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m serial $(PYTEST_ARGS)
 	$(MAKE) test-oldest
 	$(BIN)/python tests/helpers/leftovers.py check

@@ -14,11 +14,19 @@ A-B, B-A order: the same processes, so the machine's drift between runs (wider h
 cost) does not enter. Each pair's ratio is with / without; the median is the cost.
 
     GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/snapshot_cost.py --within 6
+
+``--steps EPOCHS``: one job whose snapshots alternate step by step after the first epoch;
+each epoch's ratio is the median step after a snapshot over the median step after none (a
+step after a snapshot carries that snapshot's copying). Run to run, and even epoch to epoch,
+this machine's step time moves by more than the cost; step to step it moves on both alike.
+
+    GLOO_SOCKET_IFNAME=lo .venv/bin/python benchmarks/snapshot_cost.py --steps 6
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -30,6 +38,7 @@ ALTERNATING = str(Path(__file__).with_name("snapshot_cost_job.py"))
 STEP_MS = re.compile(r"epoch \d+/\d+ .*?; ([\d.]+) ms/step")
 EPOCH_MS = re.compile(r"epoch (\d+)/\d+ .*?; ([\d.]+) ms/step")
 SAID = re.compile(r"snapshots (on|off) for epoch (\d+)")
+STEPS_SAID = re.compile(r"epoch (\d+): steps with ([\d.]+) ms, without ([\d.]+) ms")
 TAKEN = re.compile(r"snapshot: median ([\d.]+) ms a step")
 RUN = [sys.executable, "-m", "ddpkit", "run", "--nproc", "2", "--max-restarts", "1"]
 WAYS = {"snapshots": [], "none": ["--no-memory-snapshots"]}
@@ -53,7 +62,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--within", type=int, metavar="PAIRS",
                         help="one job, PAIRS pairs of epochs with and without")  # fmt: skip
+    parser.add_argument(
+        "--steps",
+        type=int,
+        metavar="EPOCHS",
+        help="one job, snapshots alternating step by step for EPOCHS epochs",
+    )
     args = parser.parse_args()
+    if args.steps:
+        return step_by_step(args.steps)
     if args.within:
         return within_one_run(args.within)
     ratios, seen = [], {way: [] for way in WAYS}
@@ -93,6 +110,26 @@ def within_one_run(pairs: int) -> None:
           f"{len(ratios)} pairs {statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, "
           f"highest {max(ratios):.3f}); timed inside: rank 0's snapshot {taken:.2f} ms of a "
           f"{step_ms:.1f} ms step ({taken / step_ms:.1%})")  # fmt: skip
+
+
+def step_by_step(epochs: int) -> None:
+    """One job, snapshots at every other step: each epoch's ratio of the median steps."""
+    env = {**os.environ, "SNAPSHOT_COST_STEPS": "1"}
+    done = subprocess.run([*RUN, ALTERNATING, "--epochs", str(epochs + 1)], env=env,
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    out = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}):\n{out}")
+    ratios = []
+    for epoch, with_, without in STEPS_SAID.findall(out):
+        ratios.append(float(with_) / float(without))
+        print(f"epoch {epoch}: steps after a snapshot {float(with_):.2f} ms, after none "
+              f"{float(without):.2f}: {ratios[-1]:.3f}")  # fmt: skip
+    if not ratios:
+        raise SystemExit(f"no step times in:\n{out}")
+    print(f"memory snapshots every step, step by step in one run: with / without, median of "
+          f"{len(ratios)} epochs {statistics.median(ratios):.3f} (lowest {min(ratios):.3f}, "
+          f"highest {max(ratios):.3f})")  # fmt: skip
 
 
 if __name__ == "__main__":
