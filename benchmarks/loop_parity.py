@@ -48,7 +48,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from parity import make_data, make_model
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 import ddpkit
 
@@ -69,24 +69,25 @@ def language_model(model: Any, batch: Any) -> torch.Tensor:
     return model(**batch).loss  # Hugging Face's way: a dict of token ids in, .loss out
 
 
-def workload(name: str, samples: int) -> tuple[torch.nn.Module, Dataset, LossOf, Any]:
+def workload(name: str, samples: int | None) -> tuple[torch.nn.Module, Dataset, LossOf, Any]:
     """The model, its data, its loss and its optimizer (given the parameters): ``cnn`` and
-    ``mlp`` are parity.py's (SGD); ``gpt`` is examples/gpt.py's (byte-level, 3 blocks, dict
-    batches of argparse.py's source, AdamW; ``samples`` does not apply)."""
+    ``mlp`` are parity.py's (SGD, ``samples`` of them, 2048 unless given); ``gpt`` is
+    examples/gpt.py's (byte-level, 3 blocks, dict batches of argparse.py's source, AdamW)
+    and ``gpt2`` Hugging Face's, on the first ``samples`` windows of that source (all of
+    them unless given)."""
     adamw = functools.partial(torch.optim.AdamW, lr=1e-3)
     torch.manual_seed(0)
-    if name == "gpt2":
-        return (
-            hugging_face_gpt2(),
-            TokenWindows(load_text(GPT2_POSITIONS)[0]),
-            language_model,
-            adamw,
-        )
-    if name != "gpt":
+    if name in ("cnn", "mlp"):
         sgd = functools.partial(torch.optim.SGD, lr=0.01)
-        return make_model(name), make_data(name, samples), classify, sgd
-    config = GPTConfig()
-    return GPT(config), load_text(config.block_size)[0], language_model, adamw
+        return make_model(name), make_data(name, samples or 2048), classify, sgd
+    if name == "gpt2":
+        model: torch.nn.Module = hugging_face_gpt2()
+        text: Dataset = TokenWindows(load_text(GPT2_POSITIONS)[0])
+    else:
+        config = GPTConfig()
+        model, text = GPT(config), load_text(config.block_size)[0]
+    windows = range(min(samples, len(text)) if samples else len(text))  # type: ignore[arg-type]
+    return model, Subset(text, windows), language_model, adamw
 
 
 GPT2_POSITIONS = 32
@@ -219,7 +220,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="1: the loops' own costs, no gradient all-reduce")  # fmt: skip
     parser.add_argument("--batch", type=int, help=f"samples per worker per step ({BATCH})")
-    parser.add_argument("--samples", type=int, default=2048)
+    parser.add_argument(
+        "--samples", type=int, help="per round: cnn and mlp 2048, gpt and gpt2 all of their text"
+    )
     parser.add_argument("--same", action="store_true",
                         help="the hand-written loop both ways: the ratio's spread when nothing "
                         "differs (an A/A run)")  # fmt: skip

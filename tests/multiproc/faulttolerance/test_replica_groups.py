@@ -252,10 +252,11 @@ def test_a_lighthouse_lost_mid_run_is_named_with_torchfts_own_error(
         groups.manager.shutdown(wait=False)
 
 
+# Groups of 2 run only with the kill: a kill leaves group 0 untouched and group 1 correct up
+# to step 6 as well, so each case checks what its run without a kill would (20 CPU-s each).
 @pytest.mark.parametrize(
     ("workers", "inside", "kill"),
-    [(1, "ddp", False), (2, "ddp", False), (2, "fsdp", False), (2, "hsdp", False),
-     (2, "ddp", True), (2, "fsdp", True), (2, "hsdp", True)],
+    [(1, "ddp", False), (2, "ddp", True), (2, "fsdp", True), (2, "hsdp", True)],
 )  # fmt: skip
 def test_verify_finds_replica_groups_compute_what_one_process_computes(
     workers: int, inside: str, kill: bool
