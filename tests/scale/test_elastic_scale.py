@@ -4,10 +4,14 @@ torch's agent changes a job's size by whole nodes (a rank lost on a node of 8 re
 node at the same size, which test_scale.py's memory restart covers), so the job here is N
 launchers of one worker each (``ddpkit run --nproc 1 --nnodes N-1:N``, torch's c10d
 rendezvous on loopback), tests/scripts/elastic_resume.py, which records every sample it
-trains. Once a checkpoint is written, the last launcher and its worker are killed with
-SIGKILL; the others must go on at N-1 from the newest checkpoint; it is started again and the
-world grows back to N. Every sample of every epoch is trained exactly once, every step has
-the same global batch, and every launcher ends 0.
+trains. Held at step 4 (its first checkpoint), the last launcher and its worker are killed
+with SIGKILL; the others must go on at N-1 from the newest checkpoint and train to step 8;
+held there, the last launcher is started again; torch's agents stop the workers for it
+(ddpkit's loop stops a step or two later, with a checkpoint) and the world grows back to N,
+which trains the rest. Every sample of every epoch is trained exactly once, every step has the same
+global batch, and every launcher ends 0. The job waits at those two steps until the test
+releases it (``ELASTIC_HOLD``), so a slow launch under load cannot let the job end before the
+node is back (seen once in seven runs when the job's length was its only margin).
 
 ``make scale`` runs it up to 16. At 32 one-rank nodes on this machine's 2 cores the
 launchers' first rendezvous did not end within 300 s, the 32 launchers taking both cores
@@ -35,7 +39,7 @@ from helpers.launch_helpers import REPO, SCRIPTS
 
 SIZES = [int(n) for n in os.environ.get("SCALE_SIZES", "8").split(",") if n.strip()]
 ELASTIC_SIZES = [n for n in SIZES if n <= 16]
-EPOCHS, STEPS_PER_EPOCH, STEP_S = 3, 40, 0.3  # long enough to lose a node and regain it
+EPOCHS, STEPS_PER_EPOCH, STEP_S = 2, 24, 0.05  # the holds, not the length, give the time
 # A lost node is dropped after 5 missed 1 s beats (N launchers share 2 cores: a beat can be
 # late); the rendezvous waits 5 s for late joiners once the minimum is there.
 RDZV_CONF = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=5"
@@ -46,6 +50,7 @@ pytestmark = [pytest.mark.multiproc, pytest.mark.scale, pytest.mark.timeout(900)
 def launcher(size: int, port: int, root: Path, log: str) -> subprocess.Popen[str]:
     batch = size * (size - 1)  # divides both world sizes the job takes
     env = {**os.environ, "ELASTIC_STEP_S": str(STEP_S), "ELASTIC_EPOCHS": str(EPOCHS),
+           "ELASTIC_HOLD": str(root / "hold"),
            "ELASTIC_GLOBAL_BATCH": str(batch),
            "ELASTIC_SAMPLES": str(batch * STEPS_PER_EPOCH)}  # fmt: skip
     command = [sys.executable, "-m", "ddpkit", "run", "--nproc", "1", "--nnodes",
@@ -55,6 +60,22 @@ def launcher(size: int, port: int, root: Path, log: str) -> subprocess.Popen[str
                str(root / "records")]  # fmt: skip
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, start_new_session=True,
                             stdout=(root / log).open("w"), stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def steps_trained_at(records: Path, world_size: int) -> set[int]:
+    """The steps the job's ranks trained while it had ``world_size`` ranks."""
+    steps = set()
+    for path in records.glob("rank*.txt"):
+        header, *lines = path.read_text().splitlines()
+        if f" of world {world_size} " in header:
+            steps |= {int(line.split()[1]) for line in lines}
+    return steps
+
+
+def hold_at(root: Path, step: int) -> None:
+    """Have the job wait at ``step`` (elastic_resume.py's ELASTIC_HOLD), written whole."""
+    (root / "hold.new").write_text(str(step))
+    (root / "hold.new").replace(root / "hold")
 
 
 def listening(port: int) -> bool:
@@ -73,20 +94,25 @@ def test_a_node_lost_the_job_goes_on_one_smaller_and_grows_back(size: int, tmp_p
                                                                  ) -> None:  # fmt: skip
     port, last = free_port(), size - 1
     said = lambda: "".join(p.read_text() for p in tmp_path.glob("*.log"))  # noqa: E731
+    hold_at(tmp_path, 4)
     agents = [launcher(size, port, tmp_path, "agent0.log")]
     with killed_at_the_end(agents):
         wait_until(lambda: listening(port), 120, "the rendezvous store of launcher 0")
         agents += [launcher(size, port, tmp_path, f"agent{i}.log") for i in range(1, size)]
-        wait_until(lambda: any((tmp_path / "ck").glob("*.pt")), 300, "a first checkpoint")
+        wait_until(lambda: f"held at step 4 (world {size})" in said(), 300, "step 4")
         os.killpg(agents[last].pid, signal.SIGKILL)  # the launcher and all under it
         lost = time.monotonic()
         wait_until(lambda: f"world size {size} -> {size - 1}: global batch" in said(), 300,
                    f"the job resumed at world size {size - 1}")  # fmt: skip
         back = time.monotonic()
+        hold_at(tmp_path, 8)
+        wait_until(lambda: f"held at step 8 (world {size - 1})" in said(), 300, "step 8")
+        again = time.monotonic()
         agents[last] = launcher(size, port, tmp_path, "again.log")
         wait_until(lambda: f"world size {size - 1} -> {size}: global batch" in said(), 300,
                    f"the job grown back to {size}")  # fmt: skip
         grown = time.monotonic()
+        (tmp_path / "hold").unlink()
         outcomes = [agent.wait(timeout=300) for agent in agents]
     output = said()
     assert outcomes == [0] * size, output[-4000:]
@@ -99,5 +125,8 @@ def test_a_node_lost_the_job_goes_on_one_smaller_and_grows_back(size: int, tmp_p
     for _, step, _ in trained:
         per_step[step] += 1
     assert set(per_step.values()) == {batch}, per_step
+    # held at 8, then asked to stop for the node that joined: ddpkit's loop stops within
+    # two steps (the ranks' stop requests are exchanged with a step's collectives)
+    assert {5, 6, 7, 8} <= steps_trained_at(tmp_path / "records", size - 1) <= set(range(5, 11))
     print(f"{size} one-rank nodes: one lost -> training at {size - 1}: {back - lost:.1f} s; "
-          f"started again -> training at {size}: {grown - back:.1f} s")  # fmt: skip
+          f"started again -> training at {size}: {grown - again:.1f} s")  # fmt: skip

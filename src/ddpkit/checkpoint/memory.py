@@ -199,6 +199,19 @@ class SnapshotRing:
         self._views[slot] = (shapes, places, size, views)
         return places, size, views
 
+    def forget(self) -> None:
+        """Unseal every slot: what they hold is never read back (their data files stay, to
+        be written over). For a run that goes on from elsewhere than this ring.
+
+        Example::
+
+            ring.forget()   # ring.whole() == {}
+        """
+        for slot in range(SLOTS):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(slot, "head"))
+            self._orders[slot] = -1
+
     def whole(self) -> dict[str, int]:
         """The sealed snapshots: their keys and orders (the data is checked when read). An
         unreadable header is said and passed over: every rank must answer (a collective

@@ -137,6 +137,14 @@ class MemorySnapshots:
         if self.group is not None and self.copies is None:
             self.copies = NeighbourCopies(self.ring, self.kept, self.group, self.world)
 
+    def forget(self) -> None:
+        """Drop this rank's snapshots and the copies it keeps of another node's: the run
+        goes on from elsewhere (a checkpoint, or a first start), and what they hold is of a
+        past it left. Kept, they would outlive a world-size change: a later restart at the
+        old size could find them whole and common, older than the run's newest checkpoint."""
+        self.ring.forget()
+        self.kept.forget()
+
     def close(self) -> None:
         """The copies finished and ended (every rank, at the run's end)."""
         if self.copies is not None:
@@ -187,9 +195,10 @@ class MemorySnapshots:
 def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> EpochProgress | None:
     """After a restart, the newest snapshot every rank holds whole, restored into ``loop``;
     the epoch to go on with. None: a first attempt, a rank that keeps no snapshots, or no
-    step all hold (the checkpoint folder is next). A rank that holds nothing of its own (a
-    node lost and replaced) takes its snapshot from the next node's copy of it. From then on,
-    with 2 nodes or more, each snapshot is also copied to the next node.
+    step all hold (the checkpoint folder is next); what memory held is then forgotten, so
+    that no later restart goes back to it. A rank that holds nothing of its own (a node lost
+    and replaced) takes its snapshot from the next node's copy of it. From then on, with 2
+    nodes or more, each snapshot is also copied to the next node.
 
     Every rank calls it, with snapshots or without, and takes part in the same collectives:
     what decides is agreed, never read off one rank's setup. The launchers of two nodes can
@@ -205,7 +214,10 @@ def resume_from_memory(snapshots: MemorySnapshots | None, loop: Restorable) -> E
     if snapshots is not None:
         snapshots.group = group
     try:
-        return _resume(snapshots, loop, world, group)
+        progress = _resume(snapshots, loop, world, group)
+        if progress is None and snapshots is not None:
+            snapshots.forget()  # (every rank: _resume's outcome is agreed)
+        return progress
     finally:
         if snapshots is not None:
             snapshots.start_copies()

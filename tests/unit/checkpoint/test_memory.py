@@ -4,6 +4,7 @@ node's rings comes back whole; the newest snapshot all ranks share is the one re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import stat
@@ -104,6 +105,33 @@ def test_a_first_attempt_resumes_nothing_from_memory(
         snapshots.take({"epoch": 0, "step": 1, "model": {"w": torch.ones(2)}}, None, None)
         assert snapshots.ring.whole() == {"1:0:end": 0}
         assert resume_from_memory(snapshots, loop=None) is None  # type: ignore[arg-type]
+    finally:
+        ddpkit.shutdown()
+
+
+def test_a_run_resumed_from_elsewhere_never_goes_back_to_what_memory_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An elastic job at 8 ranks keeps steps 1-4, loses a node and resumes at 7 from its
+    checkpoint (the snapshots were taken at another world size), trains on, then grows back
+    to 8: the snapshots of the 8-rank past must be gone by then, or that restart finds them
+    whole and common and goes back to step 4 (seen in the scale tier: "resumed from memory
+    at step 4: 4 completed step(s) lost", a step-8 checkpoint on disk)."""
+    os.chmod(tmp_path, 0o700)
+    monkeypatch.setenv(MEMORY_SNAPSHOTS_ENV, str(tmp_path))
+    world = ddpkit.init(hang_timeout=0)
+    restarted = dataclasses.replace(world, restart=1)  # torch's agent started it again
+    monkeypatch.setattr("ddpkit.train.snapshots.current_world", lambda: restarted)
+    try:
+        past = MemorySnapshots(tmp_path, fit=1)
+        past.world = dataclasses.replace(world, world_size=8)  # the job's size back then
+        for step in range(1, 5):
+            past.take({"epoch": 0, "step": step, "model": {"w": torch.ones(2)}}, None, None)
+        now = MemorySnapshots(tmp_path, fit=1)  # the restarted worker, at another size
+        assert resume_from_memory(now, loop=None) is None  # type: ignore[arg-type]
+        for step in (5, 6):  # trained on from the checkpoint
+            now.take({"epoch": 0, "step": step, "model": {"w": torch.ones(2)}}, None, None)
+        assert now.ring.whole() == {"5:0:end": 0, "6:0:end": 1}  # before: 3 and 4 were kept
     finally:
         ddpkit.shutdown()
 
