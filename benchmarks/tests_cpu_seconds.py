@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 V1 = Path("/sys/fs/cgroup/cpuacct")
@@ -59,15 +60,16 @@ def run(folder: str, fresh: bool) -> tuple[float, str]:
 
 def per_test(folder: str, pytest_args: list[str], top: int) -> None:
     """Run ``folder`` once with :mod:`cpu_per_test` and print where its CPU went."""
-    out = Path(f"/tmp/ddpkit-cpu-per-test-{os.getpid()}.jsonl")
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "CPU_PER_TEST_OUT": str(out),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
-                                          os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-               "cpu_per_test", "-n", "2", "--dist", "loadfile", *pytest_args, folder]  # fmt: skip
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    out.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as private:  # its own folder: no name others can plant
+        out = Path(private) / "cpu.jsonl"
+        env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "CPU_PER_TEST_OUT": str(out),
+               "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                              os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                   "cpu_per_test", "-n", "2", "--dist", "loadfile", *pytest_args,
+                   folder]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     print((done.stdout.strip().splitlines() or ["(no pytest summary)"])[-1])
     cpu, wall = sum(r["cpu"] for r in rows), sum(r["wall"] for r in rows)
     ratio = cpu / max(wall, 1e-9)

@@ -11,7 +11,8 @@ held there, the last launcher is started again; torch's agents stop the workers 
 which trains the rest. Every sample of every epoch is trained exactly once, every step has the same
 global batch, and every launcher ends 0. The job waits at those two steps until the test
 releases it (``ELASTIC_HOLD``), so a slow launch under load cannot let the job end before the
-node is back (seen once in seven runs when the job's length was its only margin).
+node is back (the job's length was the only margin before; one run in seven failed waiting for
+the regrow, its logs not kept, and the first held run found a regrow resumed from memory).
 
 ``make scale`` runs it up to 16. At 32 one-rank nodes on this machine's 2 cores the
 launchers' first rendezvous did not end within 300 s, the 32 launchers taking both cores
