@@ -26,6 +26,9 @@ TEST_WORKERS ?= 2
 ON_WORKERS  := -n $(TEST_WORKERS) --dist loadfile
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
+# pip compiles every module it installs; the tests import a fraction of them, which Python compiles
+# into __pycache__ at their first import, once: .venv's install took 96 CPU-s, 57 without.
+PIP_INSTALL := -m pip install --quiet --no-compile
 
 .PHONY: demo test test-notice test-oldest check lint typecheck docs unit gpu-check scale lock lock-main lock-oldest clean
 
@@ -35,10 +38,15 @@ demo: $(VENV)/.examples-installed
 	  $(BIN)/ddpkit run --nproc $(NPROC) examples/wine.py --epochs $(EPOCHS) --checkpoint-dir runs/wine-demo
 
 # Everything CI runs: lint, types, and every test tier (GPU tests skip without a GPU).
-# Two passes: on TEST_WORKERS pytest workers, then the tests marked serial (they time things) alone.
+# Set-up two at a time (make -j2): the two venvs' torch installs side by side, then the oldest
+# venv's test tools beside lint, types and docs (its editable install after .venv's, as both write
+# src/ddpkit.egg-info). Two passes: on TEST_WORKERS pytest workers, then the tests marked serial
+# (they time things) alone.
 # Last, what the tests left in the temporary folder (tests/helpers/leftovers.py): none.
 # The parallel pass names its 30 slowest tests: where make test's time goes, in CI's log too.
-test: test-notice $(VENV)/.test-installed lint typecheck docs
+test: test-notice
+	$(MAKE) --no-print-directory -j2 $(VENV)/.test-installed $(OLDEST_VENV)/.torch-installed
+	$(MAKE) --no-print-directory -j2 --output-sync=target $(OLDEST_VENV)/.test-installed lint typecheck docs
 	$(BIN)/python tests/helpers/leftovers.py start
 	GLOO_SOCKET_IFNAME=$${GLOO_SOCKET_IFNAME:-lo} $(BIN)/python -m pytest -m "not serial" $(ON_WORKERS) \
 	  --durations=30 --durations-min=5 $(PYTEST_ARGS)
@@ -99,21 +107,24 @@ docs: $(VENV)/.test-installed
 
 $(VENV)/.torch-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet -c $(LOCK) "$(TORCH_SPEC)"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python $(PIP_INSTALL) -c $(LOCK) "$(TORCH_SPEC)"
 	touch $@
 
 $(VENV)/.examples-installed: $(VENV)/.torch-installed pyproject.toml $(LOCK)
-	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[examples]"
+	$(BIN)/python $(PIP_INSTALL) -c $(LOCK) -e ".[examples]"
 	touch $@
 
 $(VENV)/.test-installed: $(VENV)/.torch-installed pyproject.toml $(LOCK)
-	$(BIN)/python -m pip install --quiet -c $(LOCK) -e ".[$(TEST_EXTRAS)]"
+	$(BIN)/python $(PIP_INSTALL) -c $(LOCK) -e ".[$(TEST_EXTRAS)]"
 	touch $@
 
-$(OLDEST_VENV)/.test-installed: pyproject.toml $(OLDEST_LOCK)
+$(OLDEST_VENV)/.torch-installed: $(OLDEST_LOCK)
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_LOCK) "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -c $(OLDEST_LOCK) -e ".[test]"
+	$(OLDEST_VENV)/bin/python $(PIP_INSTALL) -c $(OLDEST_LOCK) "torch==$(OLDEST_TORCH)" "torchvision==$(OLDEST_TORCHVISION)"
+	touch $@
+
+$(OLDEST_VENV)/.test-installed: $(OLDEST_VENV)/.torch-installed pyproject.toml $(OLDEST_LOCK)
+	$(OLDEST_VENV)/bin/python $(PIP_INSTALL) -c $(OLDEST_LOCK) -e ".[test]"
 	touch $@
 
 # Resolve both constraint files anew from pyproject.toml, each in a scratch venv (the oldest

@@ -66,11 +66,15 @@ def per_test(folder: str, pytest_args: list[str], top: int) -> None:
                "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
                                               os.environ.get("PYTHONPATH", "")])}  # fmt: skip
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                   "cpu_per_test", "-n", "2", "--dist", "loadfile", *pytest_args,
+                   "cpu_per_test", "-rfE", "-n", "2", "--dist", "loadfile", *pytest_args,
                    folder]  # fmt: skip
         done = subprocess.run(command, env=env, capture_output=True, text=True)
         rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
-    print((done.stdout.strip().splitlines() or ["(no pytest summary)"])[-1])
+    said = done.stdout.strip().splitlines() or ["(no pytest summary)"]
+    print(said[-1])
+    for line in said:  # a failed test named, with pytest's one-line reason (-rfE)
+        if line.startswith(("FAILED ", "ERROR ")):
+            print(f"  {line}")
     cpu, wall = sum(r["cpu"] for r in rows), sum(r["wall"] for r in rows)
     ratio = cpu / max(wall, 1e-9)
     print(f"{len(rows)} tests: {cpu:.0f} CPU-s in {wall:.0f} s of tests (ratio {ratio:.2f})")
