@@ -85,6 +85,13 @@ def per_test(folder: str, pytest_args: list[str], top: int) -> None:
     print("\n  CPU-s   wall-s  folder")
     for name, (c, w) in sorted(folders.items(), key=lambda kv: -kv[1][0]):
         print(f"{c:7.0f} {w:8.0f}  {name}")
+    files: dict[str, list[float]] = {}  # a file's tests often share a job (module fixtures)
+    for row in rows:
+        total = files.setdefault(row["test"].split("::")[0], [0.0, 0.0, 0])
+        total[0], total[1], total[2] = total[0] + row["cpu"], total[1] + row["wall"], total[2] + 1
+    print(f"\n  CPU-s   wall-s  tests  the {top} files that take the most CPU")
+    for name, (c, w, n) in sorted(files.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"{c:7.0f} {w:8.0f} {n:6.0f}  {name}")
     print(f"\n  CPU-s   wall-s  ratio  the {top} tests that take the most CPU")
     for row in sorted(rows, key=lambda r: -r["cpu"])[:top]:
         ratio = row["cpu"] / max(row["wall"], 1e-9)

@@ -75,14 +75,17 @@ class Console:
         self._in_epoch = 0
 
     def batch_done(self) -> None:
-        """One more batch of the epoch."""
+        """One more batch of the epoch that ended no step (an accumulation group's earlier
+        one); a step's batch is counted by :meth:`step_done`."""
         if self._bar is not None:
             self._bar.update(1)
 
     def step_done(self, where: Callable[[], str], metrics: Mapping[str, Any]) -> None:
-        """After an optimizer step; ``where()`` says where (``epoch 1/3  batch 2/5``) when a
-        line is due, every ``log_every`` steps of the epoch, with rank 0's step ``metrics``."""
+        """After an optimizer step, its batch counted; ``where()`` says where (``epoch 1/3
+        batch 2/5``) when a line is due, every ``log_every`` steps of the epoch, with rank
+        0's step ``metrics``."""
         if self._bar is not None:
+            self._bar.update(1)
             self._show_on_bar(metrics)
         self._steps += 1
         self._in_epoch += 1

@@ -77,6 +77,8 @@ class RunObserver:
         self.ranks.epoch_started()
 
     def batch_done(self) -> None:
+        """A batch ended no step (an accumulation group's earlier one); a step's batch is
+        counted by :meth:`step_done`: one call a batch, not two."""
         self.console.batch_done()
 
     def step_done(

@@ -54,7 +54,9 @@ if TYPE_CHECKING:
     from ddpkit.env.world import World
 
 CallbackT = TypeVar("CallbackT", bound="Callback")
-_registered: list[Callback] = []
+# The registered callbacks, live: read it (its truth is "any registered?", an attribute read on
+# the loop's path, not a call); change it only through register_callback/unregister_callback.
+REGISTERED: list[Callback] = []
 
 
 class SetupRecord(Protocol):
@@ -155,7 +157,7 @@ def register_callback(callback: CallbackT) -> CallbackT:
     Example:
         >>> unregister_callback(register_callback(Callback()))
     """
-    _registered.append(callback)
+    REGISTERED.append(callback)
     return callback
 
 
@@ -165,8 +167,8 @@ def unregister_callback(callback: Callback) -> None:
     Example:
         >>> unregister_callback(Callback())
     """
-    if callback in _registered:
-        _registered.remove(callback)
+    if callback in REGISTERED:
+        REGISTERED.remove(callback)
 
 
 def registered_callbacks() -> tuple[Callback, ...]:
@@ -176,7 +178,7 @@ def registered_callbacks() -> tuple[Callback, ...]:
         >>> registered_callbacks()
         ()
     """
-    return tuple(_registered)
+    return tuple(REGISTERED)
 
 
 class Events:
@@ -205,6 +207,19 @@ class Events:
         self.owner = owner
         self._listening: dict[str, list[Callback]] = {}
 
+    def listens(self, hook: str) -> bool:
+        """Whether a callback of this run overrides ``hook`` and runs on this rank (those
+        registered aside: :data:`REGISTERED` says, read live).
+
+        Example:
+            >>> Events().listens("on_train_batch_end")
+            False
+        """
+        callbacks = self._listening.get(hook)
+        if callbacks is None:
+            callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
+        return bool(callbacks)
+
     def call(self, hook: str, *args: Any) -> list[Any]:
         """Run ``hook`` of every callback that overrides it and runs on this rank; their
         return values, in order.
@@ -216,7 +231,7 @@ class Events:
         callbacks = self._listening.get(hook)
         if callbacks is None:  # the same for the whole run: found once
             callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
-        if _registered:  # usually none: nothing more to look at per batch
+        if REGISTERED:  # usually none: nothing more to look at per batch
             callbacks = callbacks + _listeners(registered_callbacks(), hook)
         if not callbacks:  # most hooks, every batch: no comprehension's frame to run
             return []

@@ -32,7 +32,7 @@ from ddpkit.observe.profiling.spec import ProfileSpec
 from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
-from ddpkit.runtime.callbacks import Callback, Events
+from ddpkit.runtime.callbacks import REGISTERED, Callback, Events
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, record_training_start
@@ -120,6 +120,10 @@ class TrainLoop:
         status = TrainJobStatus.from_environment(os.environ, self.position)
         builtins = [BenchReport(), *(c for c in (self.explog, status) if c is not None)]
         self.events = Events(callbacks, builtins, owner=owner or self)
+        # The per-batch hooks are called where a callback has them (a call a batch saved
+        # each, about 3 us in a GPT-2 step's cold caches: benchmarks/loop_parts.py)
+        self._on_batch_start = self.events.listens("on_train_batch_start")
+        self._on_batch_end = self.events.listens("on_train_batch_end")
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
         self.observer = RunObserver(
             run.models.values(), self.world.device, logging.log_every,
@@ -189,8 +193,10 @@ class TrainLoop:
         with join_unless(self._even, self.run.model), self.monitor.ending():
             fetched = self.monitor.batches(loaded, clock=self.clock)
             for index, batch in enumerate(fetched, start=progress.batches):
-                self.events.call("on_train_batch_start", batch.batch)
-                updater.begin(index, total, batch.last)
+                if self._on_batch_start or REGISTERED:
+                    self.events.call("on_train_batch_start", batch.batch)
+                if updater.per_batch:  # accumulation or replica groups: else nothing to decide
+                    updater.begin(index, total, batch.last)
                 self.monitor.phase("the loop body")
                 self.clock.enter(Phase.COMPUTE)
                 if updater.final:  # the group's last batch (most): no context to enter
@@ -353,7 +359,6 @@ class TrainLoop:
         """The batch's metrics summed, then at a step: the watchers, the hooks, the step's
         checkpoint when due or when any rank got a stop signal (the epoch's end writes one
         due at its last batch), then the stop the signal or the step limit asks for."""
-        self.observer.batch_done()
         stepped, signal = self.updater.end_group()
         saver = self.checkpointer
         save = (
@@ -372,7 +377,10 @@ class TrainLoop:
             where = functools.partial(progress.where, self._epochs)
             self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
             limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
-        self.events.call("on_train_batch_end", batch.batch, metrics)
+        else:  # a step's batch is counted with its step
+            self.observer.batch_done()
+        if self._on_batch_end or REGISTERED:
+            self.events.call("on_train_batch_end", batch.batch, metrics)
         if stepped and self.snapshots is not None and self._even:  # after the hooks, as saves
             self.snapshots.take(self._memory_state(), progress, None)
         if saver is not None and part_way is not None:  # after the hooks: they saw the step

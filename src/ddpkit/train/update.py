@@ -97,14 +97,23 @@ class Updater:
         self._stop: str | None = None  # a stop signal any rank got, agreed in this group
         self.groups: AcrossGroups = options.replica_groups or Alone()
         self.groups.attach(run, run.model)
+        # Alone asks nothing of a step: three calls a step skipped, each about 3 us in a
+        # GPT-2 step's cold caches (benchmarks/loop_parts.py)
+        self._across = options.replica_groups is not None
+        # whether begin() has anything to decide: else every micro-batch is a group's last
+        self.per_batch = self.accumulate > 1 or self._across
+        # where the loss is: the run's device. Read once: loss.device makes a torch.device
+        # each time, 8 us of a GPT-2 step's cold caches (benchmarks/loop_parity.py's workload)
+        self._device_type = precision.device.type
 
     def begin(self, index: int, total: int | None, last: bool) -> None:
-        """Micro-batch ``index`` of ``total`` (None: unknown) starts; ``last``: the epoch's."""
+        """Micro-batch ``index`` of ``total`` (None: unknown) starts; ``last``: the epoch's
+        (the loop calls it where :attr:`per_batch`: else each is its group's last)."""
         accumulate = self.accumulate
         self.final = (index + 1) % accumulate == 0 or last
         first = index - index % accumulate  # the epoch's last group may be short
         self.group = accumulate if total is None else min(accumulate, total - first)
-        if index == first:
+        if index == first and self._across:
             self.groups.start()
 
     def gradient_sync(self) -> contextlib.AbstractContextManager[Any]:
@@ -119,10 +128,10 @@ class Updater:
         (once: a torch call of 5-10 us between a backward and the next step's work)."""
         detached = loss.detach()
         self.guard.note_loss(detached)
-        weight = self.groups.loss_weight()
+        weight = self.groups.loss_weight() if self._across else 1.0
         loss = loss * weight if weight != 1.0 else loss
         loss = loss / self.group if self.group > 1 else loss
-        device = loss.device.type  # leaving autocast costs 2 us a step: only when inside it
+        device = self._device_type  # leaving autocast costs 2 us a step: only when inside it
         if not torch.is_autocast_enabled(device):
             self.precision.backward(loss)
             return detached
@@ -178,7 +187,7 @@ class Updater:
         then nothing moves on, not the step, the schedulers nor the batches dealt, as
         torchft counts committed steps only (a resumed group's step is compared with its
         peers' to choose who heals from whom)."""
-        if not self.groups.finish(self.run.model):
+        if self._across and not self.groups.finish(self.run.model):
             self.zero_grad()
             return False
         for optimizer in optimizers:

@@ -49,6 +49,16 @@ def test_loop_parity_benchmark_pairs_the_two_loops_in_the_same_workers() -> None
 
 
 @pytest.mark.timeout(200)
+def test_loop_parts_benchmark_times_each_part_of_both_loops() -> None:
+    out = run_benchmark("benchmarks/loop_parts.py", "--workload", "mlp", "--rounds", "2",
+                        "--samples", "512")  # fmt: skip
+    for part in ("hand fetch", "loop fetch", "hand update", "loop backward", "loop update"):
+        timed = re.search(rf"^  {part} +([\d.]+)$", out, re.MULTILINE)
+        assert timed and float(timed.group(1)) > 0, out
+    assert re.search(r"the loop's own time a step: -?[\d.]+ us \(fetch", out), out
+
+
+@pytest.mark.timeout(200)
 def test_restart_cost_times_the_gpt_example_to_its_first_step_under_every_launcher() -> None:
     out = run_benchmark("benchmarks/restart_cost.py", "--repeat", "1", "--jobs", "gpt")
     # not torchrun's rows: its runs may fail here

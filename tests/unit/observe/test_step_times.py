@@ -433,6 +433,22 @@ def test_the_bar_is_built_only_where_it_shows(
     assert ("epoch 1/2" in stderr.getvalue()) is drawn
 
 
+def test_the_bar_counts_every_batch_once_whether_it_ended_a_step_or_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Accumulating over 2 batches: the first of each group is counted by batch_done, the
+    one that steps by step_done (one call a batch on the loop's path, not two)."""
+    monkeypatch.setattr(sys, "stderr", _Stderr(True))
+    monkeypatch.delenv(LIVE_CONSOLE_ENV, raising=False)
+    console = Console(log_every=None)
+    console.epoch_started(0, 1, total=4, done=0)
+    for _group in range(2):
+        console.batch_done()
+        console.step_done(lambda: "epoch 1/1", {"loss": 0.5})
+    assert console._bar is not None and console._bar.n == 4
+    console.epoch_done({"epoch": 1.0, "loss": 0.5}, 1)
+
+
 def test_a_straggler_on_a_host_with_more_cpu_ranks_than_cores_says_so(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 import ddpkit
 from ddpkit.checkpoint import list_checkpoints, load_checkpoint
 from ddpkit.errors import ConfigError
-from ddpkit.runtime.callbacks import HOOKS
+from ddpkit.runtime.callbacks import HOOKS, register_callback, unregister_callback
 from helpers.mp_workers import cpu_state, toy_dataset, toy_model
 
 
@@ -283,3 +283,38 @@ def test_a_manual_step_accumulates_like_the_default_one() -> None:
     assert automatic.step == by_hand.step == 2
     expected = cpu_state(automatic.model)
     assert all(torch.equal(expected[k], v) for k, v in cpu_state(by_hand.model).items())
+
+
+def test_a_callback_registered_mid_epoch_gets_the_next_batches_hooks() -> None:
+    """The per-batch hooks are skipped where no callback has them, yet one registered during
+    an epoch (register_callback: every run of the process) is called from the next batch on,
+    and not after it is unregistered."""
+    seen: list[tuple[str, int]] = []
+
+    class Counting(ddpkit.Callback):
+        def on_train_batch_start(self, trainer: Any, batch: Any) -> None:
+            seen.append(("start", trainer.step))
+
+        def on_train_batch_end(self, trainer: Any, batch: Any, metrics: Any) -> None:
+            seen.append(("end", trainer.step))
+
+    ddpkit.init()
+    model = ddpkit.prepare_model(nn.Linear(2, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.ones(8, 2), torch.zeros(8, 1))
+    loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    counting = Counting()
+    try:
+        for _epoch in loop.epochs(1):
+            for x, y in loop.batches(ddpkit.prepare_loader(data, batch_size=2)):
+                loop.backward(F.mse_loss(model(x), y))
+                loop.optimizer_step(optimizer)
+                if loop.step == 1:
+                    register_callback(counting)
+                if loop.step == 3:
+                    unregister_callback(counting)
+    finally:
+        unregister_callback(counting)
+    # registered in the body of the batch that makes step 2: its end, then the next batch whole,
+    # then the start of the batch in whose body it was unregistered
+    assert seen == [("end", 2), ("start", 2), ("end", 3), ("start", 3)]

@@ -24,7 +24,13 @@ import ddpkit
 # per phase label, a comprehension per hook with no listener, a helper per tensor moved.
 # 52 on 2026-12-06: the guard's _is_due() and the loop's _stop_signal() are called again, not
 # written out (a call each; benchmarks/loop_parity.py reads no cost beside its A/A run).
-MOST_CALLS_PER_STEP = 53
+# 43 on 2026-12-07: the clock's backward_done adds its two intervals written out (not two
+# _add calls); a run without replica groups asks nothing of Alone (3 calls) and, without
+# accumulation either, calls no Updater.begin; a step's batch is counted on the bar with its
+# step (RunObserver.batch_done and Console.batch_done only for a batch that ends none); the
+# per-batch hooks are called where a callback has them. In a GPT-2 step's cold caches each
+# call costs about 3.5 us (benchmarks/loop_parts.py).
+MOST_CALLS_PER_STEP = 43
 
 
 class DictSamples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
