@@ -26,9 +26,10 @@ TEST_WORKERS ?= 2
 ON_WORKERS  := -n $(TEST_WORKERS) --dist loadfile
 EPOCHS      ?= 100
 BIN         := $(VENV)/bin
-# pip compiles every module it installs; the tests import a fraction of them, which Python compiles
-# into __pycache__ at their first import, once: .venv's install took 96 CPU-s, 57 without.
-PIP_INSTALL := -m pip install --quiet --no-compile
+# pip compiles every module it installs (not --no-compile: where PYTHONDONTWRITEBYTECODE is set, as
+# here and in many containers, no import writes one, and every worker compiled torch anew, 700 CPU-s
+# more in a fresh clone's parallel pass)
+PIP_INSTALL := -m pip install --quiet
 
 .PHONY: demo test test-notice test-oldest check lint typecheck docs unit gpu-check scale lock lock-main lock-oldest clean
 

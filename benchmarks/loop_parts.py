@@ -33,31 +33,31 @@ from loop_parity import BATCH, shard, workload
 from torch.utils.data import DataLoader
 
 import ddpkit
-from ddpkit.train.precision import MixedPrecision
-from ddpkit.train.update import Updater
 
 now = time.perf_counter_ns
 PARTS = ("hand fetch", "loop fetch", "hand update", "loop update (torch's)", "loop backward",
          "loop update")  # fmt: skip
 
 
-def timed_inside(times: dict[str, int]) -> None:
-    """Time torch's backward and the update inside the loop's calls (this process only)."""
-    backward, update = MixedPrecision.backward, Updater._step
+def timed_inside(loop: ddpkit.TrainLoop, times: dict[str, int]) -> None:
+    """Time torch's backward and the update inside the loop's calls (this loop's own parts,
+    replaced on the instance, whatever their class does)."""
+    precision, updater = loop.precision, loop.updater
+    backward, update = precision.backward, updater._step
 
-    def torch_backward(self: MixedPrecision, loss: torch.Tensor) -> None:
+    def torch_backward(loss: torch.Tensor) -> None:
         start = now()
-        backward(self, loss)
+        backward(loss)
         times["backward"] = now() - start
 
-    def the_update(self: Updater, optimizers: list[torch.optim.Optimizer]) -> bool:
+    def the_update(optimizers: list[torch.optim.Optimizer]) -> bool:
         start = now()
-        taken = update(self, optimizers)
+        taken = update(optimizers)
         times["update"] = now() - start
         return taken
 
-    MixedPrecision.backward = torch_backward  # type: ignore[method-assign]
-    Updater._step = the_update  # type: ignore[method-assign]
+    precision.backward = torch_backward  # type: ignore[method-assign]
+    updater._step = the_update  # type: ignore[method-assign]
 
 
 def worker(cfg: dict[str, Any]) -> dict[str, float]:
@@ -68,10 +68,10 @@ def worker(cfg: dict[str, Any]) -> dict[str, float]:
     optimizer = make_optimizer(model.parameters())
     hand_loader = DataLoader(data, BATCH[cfg["workload"]], sampler=shard(data))
     loop_loader = ddpkit.prepare_loader(data, BATCH[cfg["workload"]])
-    inside: dict[str, int] = {}
-    timed_inside(inside)
     parts: dict[str, list[int]] = {name: [] for name in PARTS}
     loop = ddpkit.TrainLoop({"model": model, "optimizer": optimizer})
+    inside: dict[str, int] = {}
+    timed_inside(loop, inside)
     for epoch in loop.epochs(cfg["rounds"]):
         hand_loader.sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         hand_batches = iter(hand_loader)
