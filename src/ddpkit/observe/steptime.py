@@ -160,7 +160,7 @@ class StepClock:
         if self.tap is None and not self._cuda:  # the host's clock alone, written out as in
             since, host = self._since, self._host  # enter(): the first calls after a backward
             host[Phase.COMPUTE] += ready_at - since  # are its coldest (two _add calls: 7 us
-            host[Phase.SYNC] += now - ready_at  # of a GPT-2 step's, benchmarks/loop_parity)
+            host[Phase.SYNC] += now - ready_at  # of a GPT-2 step's, benchmarks/loop_parts)
             self._step_work += ready_at - since  # compute is the rank's own work, sync is not
             self._since = now
             return

@@ -215,10 +215,14 @@ class Events:
             >>> Events().listens("on_train_batch_end")
             False
         """
+        return bool(self._own(hook))
+
+    def _own(self, hook: str) -> list[Callback]:
+        """This run's callbacks that have ``hook``: the same for the whole run, found once."""
         callbacks = self._listening.get(hook)
         if callbacks is None:
             callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
-        return bool(callbacks)
+        return callbacks
 
     def call(self, hook: str, *args: Any) -> list[Any]:
         """Run ``hook`` of every callback that overrides it and runs on this rank; their
@@ -228,9 +232,9 @@ class Events:
             >>> Events().call("on_fit_end")
             []
         """
-        callbacks = self._listening.get(hook)
-        if callbacks is None:  # the same for the whole run: found once
-            callbacks = self._listening[hook] = _listeners(self.callbacks, hook)
+        callbacks = self._listening.get(hook)  # written out: a call less a batch
+        if callbacks is None:
+            callbacks = self._own(hook)
         if REGISTERED:  # usually none: nothing more to look at per batch
             callbacks = callbacks + _listeners(registered_callbacks(), hook)
         if not callbacks:  # most hooks, every batch: no comprehension's frame to run
