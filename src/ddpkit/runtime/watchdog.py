@@ -1,7 +1,8 @@
 """Hang watchdog: a stuck step or collective ends the job with a report, not a long silence.
 
-Each rank runs one daemon thread. The training thread marks what it is doing (a Trainer
-step and its phase, a ddpkit collective, any block under :func:`watch`): an attribute write.
+Each rank runs one daemon thread. The training thread marks what it is doing: the loop writes
+its step and stage into the watchdog's :class:`~ddpkit.runtime.position.TrainingPosition`,
+and a ddpkit collective or any block under :func:`watch` is timed as an activity of its own.
 When one activity outlasts the hang timeout, the rank that noticed raises an alarm in the
 job's rendezvous store; every rank whose watchdog can still run answers with its state
 (activity, for how long, progress, Python stack). The first rank to notice prints one report
@@ -44,6 +45,7 @@ from ddpkit._core.validate import check_seconds
 from ddpkit.flightrecorder.records import recent_collectives
 from ddpkit.runtime.errorfile import record_failure
 from ddpkit.runtime.hangreport import State, compose_report, describe_activity
+from ddpkit.runtime.position import TrainingPosition
 
 DEFAULT_HANG_TIMEOUT_S = 600.0
 _STORE_OP_TIMEOUT_S = 5.0  # a store that does not answer must not freeze the watchdog too
@@ -67,7 +69,7 @@ class Watchdog:
         >>> dog = Watchdog(timeout_s=60, rank=0, world_size=1, store=None)
         >>> previous = dog.begin("step 1: forward")
         >>> dog.end(previous)
-        >>> dog.state()["last"], dog.progress
+        >>> dog.state()["last"], dog.state()["progress"]
         ('step 1: forward', 1)
     """
 
@@ -77,11 +79,13 @@ class Watchdog:
         self.world_size = world_size
         self.poll_s = min(5.0, max(0.2, timeout_s / 10))
         self.grace_s = max(3.0, 3 * self.poll_s)  # every live rank polls within this
-        self.progress = 0  # steps, phases and collectives entered; equal on ranks in step
+        self.progress = 0  # activities begun (collectives, watch blocks); with the position's
+        self.position = TrainingPosition()  # stages: equal on ranks in step
         self.exit: Callable[[int], Any] = flush_and_exit  # tests replace it
         self._store = store
         self._activity: _Activity | None = None
         self._last: str | None = None
+        self._ended_at = 0.0  # when the last activity ended (time.monotonic())
         self._training_thread = threading.get_ident()
         self._backstop_armed = False
         self._stopped = threading.Event()
@@ -95,27 +99,26 @@ class Watchdog:
         self._activity = (label, time.monotonic())
         return previous
 
-    def relabel(self, label: str) -> None:
-        """A new phase of the current activity: its timer keeps running."""
-        current = self._activity
-        self.progress += 1
-        if current is not None:
-            self._activity = (label, current[1])
-
     def end(self, previous: _Activity | None) -> None:
         """The current activity finished; the enclosing one (if any) resumes."""
         if self._activity is not None:
-            self._last = self._activity[0]
+            self._last, self._ended_at = self._activity[0], time.monotonic()
         self._activity = previous
+
+    def doing(self) -> _Activity | None:
+        """The innermost activity running: a collective or watched block, else the batch the
+        training loop's position is in (None: neither)."""
+        return self._activity or self.position.activity()
 
     def state(self) -> State:
         """What this rank is doing now, as the report shows it (plain JSON data)."""
-        activity, now = self._activity, time.monotonic()
+        activity, now, position = self.doing(), time.monotonic(), self.position
+        last = position.last if position.ended_at > self._ended_at else self._last
         return {
             "doing": activity[0] if activity else None,
             "for_s": round(now - activity[1], 1) if activity else None,
-            "last": self._last,
-            "progress": self.progress,
+            "last": last,
+            "progress": self.progress + position.progress(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "stack": thread_stack(self._training_thread),
@@ -165,7 +168,7 @@ class Watchdog:
         if self._store_call(lambda s: s.check([_ALARM]), default=False):
             self._answer()
             return
-        activity = self._activity
+        activity = self.doing()
         if activity is not None and time.monotonic() - activity[1] > self.timeout_s:
             self._report_hang()
             return

@@ -33,6 +33,7 @@ from torch import nn
 
 from ddpkit.data.batches import batch_size_of, slice_batch, to_device
 from ddpkit.data.loader import real_samples_on_rank
+from ddpkit.runtime.position import FORWARD
 from ddpkit.train.monitor import StepMonitor
 from ddpkit.train.steps import MetricSums, StepOutput, read_step_output
 
@@ -61,7 +62,7 @@ def evaluate(
             size = batch_size_of(batch)
             keep = size if remaining is None else max(0, min(size, remaining))
             remaining = None if remaining is None else remaining - keep
-            parts.monitor.phase("forward", evaluation=True)
+            parts.monitor.stage(FORWARD)
             part = slice_batch(batch, keep) if 0 < keep < size else batch
             with parts.autocast():
                 output = step(part)

@@ -33,6 +33,7 @@ from ddpkit.observe.runsetup import RunSetup
 from ddpkit.observe.steptime import Phase
 from ddpkit.observe.trainjobstatus import RunPosition, TrainJobStatus
 from ddpkit.runtime.callbacks import REGISTERED, Callback, Events
+from ddpkit.runtime.position import LOOP_BODY, OPTIMIZER_STEP
 from ddpkit.runtime.seeding import configured_seed, seed_rank_streams
 from ddpkit.runtime.session import current_world
 from ddpkit.train.checkpointer import Checkpointer, record_training_start
@@ -125,6 +126,8 @@ class TrainLoop:
         self._on_batch_start = self.events.listens("on_train_batch_start")
         self._on_batch_end = self.events.listens("on_train_batch_end")
         self.monitor = StepMonitor(run.model, options.check_replicas_every, self.events)
+        # where the loop stands, for the hang watchdog: written at each stage, not told
+        self._position, self._backward_stages = self.monitor.position, self.monitor.backward_stages
         self.observer = RunObserver(
             run.models.values(), self.world.device, logging.log_every,
             ProfileSpec.of(logging.profile), profile_folder(logging.log_dir),
@@ -197,7 +200,7 @@ class TrainLoop:
                     self.events.call("on_train_batch_start", batch.batch)
                 if updater.per_batch:  # accumulation or replica groups: else nothing to decide
                     updater.begin(index, total, batch.last)
-                self.monitor.phase("the loop body")
+                self._position.stage = LOOP_BODY
                 self.clock.enter(Phase.COMPUTE)
                 if updater.final:  # the group's last batch (most): no context to enter
                     yield batch.on_device
@@ -240,7 +243,7 @@ class TrainLoop:
     def backward(self, loss: torch.Tensor) -> None:
         """``loss.backward()`` with the NaN/inf check, the accumulation group's share and
         fp16's loss scaling; use it instead of ``loss.backward()``."""
-        self.monitor.backward(self.updater.final)
+        self._position.stage = self._backward_stages[self.updater.final]
         detached = self.updater.backward(loss)
         self.clock.backward_done()
         if self._progress is not None:
@@ -252,7 +255,7 @@ class TrainLoop:
         the others). Whether this was a step (``loop.step`` moves on; step your schedulers
         then): False before an accumulation group's last batch, where it does nothing, and
         for a step replica groups dropped."""
-        self.monitor.phase("optimizer step")
+        self._position.stage = OPTIMIZER_STEP
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
         self.updater.optimizer_step(chosen, self._even, self._stop_signal())
@@ -376,7 +379,9 @@ class TrainLoop:
             self.clock.step_done()
             where = functools.partial(progress.where, self._epochs)
             self.observer.step_done(self.run.step, self._even, self._facts, where, metrics)
-            limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
+            self._position.step = self.run.step + 1  # the watchdog names the next step
+            if self.monitor.watches_steps:  # the replica check, the step limit
+                limit = self.monitor.step_done(self.run.model, self.run.step, self._even)
         else:  # a step's batch is counted with its step
             self.observer.batch_done()
         if self._on_batch_end or REGISTERED:

@@ -1,9 +1,11 @@
-"""What watches the loop's steps: the hang watchdog's labels, the replica check, the step limit.
+"""What watches the loop's steps: the hang watchdog's position, the replica check, the step limit.
 
-The loop tells the monitor where it is (loading a batch, forward, backward, the optimizer
-step) and when a step is done; the monitor tells whichever watchers are on:
+The loop writes where it is (loading a batch, forward, backward, the optimizer step) into
+the monitor's ``position`` (attribute writes, no call: :mod:`ddpkit.runtime.position`) and
+tells the monitor when a step is done, which the watchers need:
 
-- the hang watchdog times each micro-batch, from loading it to the optimizer step;
+- the hang watchdog times each micro-batch, from loading it to the optimizer step, reading
+  the position when it looks;
 - ``check_replicas_every=M`` (or ``DDPKIT_CHECK_REPLICAS_EVERY``, which strategies without
   identical replicas ignore) compares the replicas every M optimizer steps; a divergence is
   passed to the callbacks' ``on_replicas_checked`` and raises
@@ -12,13 +14,16 @@ step) and when a step is done; the monitor tells whichever watchers are on:
   K-th step's end a :class:`~ddpkit.train.stop.Stop` with exit code 0.
 
 Example:
-    >>> backward_label(final=False, world_size=2)
-    'backward (no sync)'
+    >>> monitor = StepMonitor(nn.Linear(2, 2), None, Events())
+    >>> monitor.stage(LOADING)
+    >>> monitor.position.label()
+    'step 0: loading the batch'
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -30,6 +35,7 @@ from ddpkit.observe.steptime import Phase, StepClock
 from ddpkit.parallel.replicas import check_replicable, check_replicas
 from ddpkit.parallel.strategy import strategy_of
 from ddpkit.runtime.callbacks import Events
+from ddpkit.runtime.position import LOADING, Stage, TrainingPosition, backward_stage
 from ddpkit.runtime.session import world_or_none
 from ddpkit.runtime.watchdog import current_watchdog
 from ddpkit.train.stop import Stop, StopKind
@@ -42,7 +48,7 @@ class StepMonitor:
         >>> import torch, ddpkit
         >>> _ = ddpkit.init(hang_timeout=0)
         ddpkit: world size 1 ...
-        >>> monitor = StepMonitor(torch.nn.Linear(2, 2), None, Events())
+        >>> monitor = StepMonitor(nn.Linear(2, 2), None, Events())
         >>> [b for b in monitor.batches([1, 2])]
         [1, 2]
         >>> ddpkit.shutdown()
@@ -56,24 +62,27 @@ class StepMonitor:
         from_env = positive_int_var(CHECK_REPLICAS_ENV) if replicated else None
         self.check_every = check_replicas_every or from_env
         self.max_steps = positive_int_var(MAX_STEPS_ENV)
+        self.watches_steps = bool(self.check_every or self.max_steps)  # else no call a step
         self._events = events
-        self._where_training = "step 0"  # the labels' prefix, made once a step, not per label
+        # The running watchdog's (it reads it when it looks); without one, read by no one
+        watchdog = self.watchdog
+        self.position = watchdog.position if watchdog is not None else TrainingPosition()
         world = world_or_none()  # labels only: a monitor made outside a run has a world of 1
         size = world.world_size if world is not None else 1
-        self._backward_labels = (backward_label(False, size), backward_label(True, size))
+        # by the group's final batch (whether the backward all-reduces): the loop picks one
+        self.backward_stages = (backward_stage(False, size), backward_stage(True, size))
 
     def batches(
         self, loader: Iterable[Any], evaluation: bool = False, clock: StepClock | None = None
     ) -> Iterator[Any]:
-        """The loader's batches, each timed by the watchdog from the moment it is requested
-        (the last one is ended by :meth:`ending`), and by ``clock`` as data. One generator
+        """The loader's batches, each in the position from the moment it is requested (the
+        last one is ended by :meth:`ending`), and timed by ``clock`` as data. One generator
         for both: each layer between the loader and the loop is a resumption per batch."""
-        iterator, watchdog = iter(loader), self.watchdog
+        iterator, position, now = iter(loader), self.position, time.monotonic
         while True:
-            if watchdog is not None:
-                watchdog.end(None)
-                where = "evaluation" if evaluation else self._where_training
-                watchdog.begin(f"{where}: loading the batch")
+            # The watchdog times the batch from here; a torn read of these is off by a stage
+            position.since, position.stage, position.evaluating = now(), LOADING, evaluation
+            position.batches += 1
             if clock is not None:
                 clock.enter(Phase.DATA)
             try:
@@ -81,29 +90,21 @@ class StepMonitor:
             except StopIteration:
                 if clock is not None:
                     clock.enter(Phase.OTHER)
-                self.batch_done()
+                position.idle()
                 return
             yield batch
 
     def next_step(self, step: int) -> None:
         """The optimizer step number the next batch belongs to."""
-        self._where_training = f"step {step}"
+        self.position.step = step
 
-    def phase(self, name: str, evaluation: bool = False) -> None:
-        """The current batch entered ``name`` (forward, backward, optimizer step)."""
-        if self.watchdog is not None:
-            where = "evaluation" if evaluation else self._where_training
-            self.watchdog.relabel(f"{where}: {name}")
-
-    def backward(self, final: bool) -> None:
-        """The current batch entered its backward pass (the group's ``final``: it syncs)."""
-        if self.watchdog is not None:
-            self.watchdog.relabel(f"{self._where_training}: {self._backward_labels[final]}")
+    def stage(self, stage: Stage) -> None:
+        """The current batch entered ``stage`` (the loop writes its own stages inline)."""
+        self.position.stage = stage
 
     def batch_done(self) -> None:
         """The current batch is finished (its optimizer step too, if it had one)."""
-        if self.watchdog is not None:
-            self.watchdog.end(None)
+        self.position.idle()
 
     @contextlib.contextmanager
     def ending(self) -> Iterator[None]:
@@ -115,13 +116,12 @@ class StepMonitor:
             self.batch_done()
 
     def step_done(self, model: nn.Module, step: int, collective: bool) -> Stop | None:
-        """After optimizer step ``step``: the labels name the next one, then the replica
-        check and the step limit.
+        """After optimizer step ``step`` (the loop calls it where :attr:`watches_steps`; it
+        writes the position's next step itself): the replica check and the step limit.
 
         Without ``collective`` (an epoch whose ranks have different batch counts) neither
         runs: both involve every rank at the same step.
         """
-        self._where_training = f"step {step + 1}"
         if not collective:
             return None
         if self.check_every and step % self.check_every == 0:
@@ -139,15 +139,3 @@ class StepMonitor:
         reported = self._events.call("on_replicas_checked", step, found)
         if divergence is not None and not any(reported):
             raise divergence.error()
-
-
-def backward_label(final: bool, world_size: int) -> str:
-    """What the watchdog calls a backward pass: whether it carries the gradient all-reduce.
-
-    Example:
-        >>> backward_label(final=True, world_size=2)
-        'backward + gradient all-reduce'
-    """
-    if world_size == 1:
-        return "backward"
-    return "backward + gradient all-reduce" if final else "backward (no sync)"

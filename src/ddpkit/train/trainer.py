@@ -31,6 +31,7 @@ from torch import nn
 from ddpkit.errors import ConfigError
 from ddpkit.parallel.group import ModelGroup
 from ddpkit.runtime.callbacks import Callback
+from ddpkit.runtime.position import FORWARD
 from ddpkit.train.loop import TrainLoop
 from ddpkit.train.options import LoopKeywords, RunOptions, SchedulerInterval, shows_loop_keywords
 from ddpkit.train.state import RunState
@@ -119,7 +120,7 @@ class Trainer:
     def _train_batch(self, batch: Any) -> None:
         """The step on one batch; then, unless it updates the models itself, the loop's
         backward and optimizer step (the latter waits for an accumulation group's end)."""
-        self.loop.monitor.phase("forward")
+        self.loop.monitor.stage(FORWARD)
         with self.loop.autocast():
             output = self.training_step(batch)
         manual = self.manual_optimization

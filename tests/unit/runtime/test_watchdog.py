@@ -18,6 +18,12 @@ from ddpkit._core.protocol import HANG_EXIT_CODE
 from ddpkit._core.tracebacks import is_hidden, thread_stack
 from ddpkit.errors import ConfigError
 from ddpkit.runtime.hangreport import compose_report, missing_ranks
+from ddpkit.runtime.position import (
+    LOADING,
+    OPTIMIZER_STEP,
+    STAGES_PER_BATCH,
+    backward_stage,
+)
 from ddpkit.runtime.watchdog import (
     Watchdog,
     current_watchdog,
@@ -144,11 +150,38 @@ def test_nested_activities_restore_the_enclosing_one() -> None:
     inner = dog.begin("all_reduce_sum(float32[2])")
     dog.end(inner)
     assert dog.state()["doing"] == "step 3: forward"
-    dog.relabel("step 3: optimizer step")
     dog.end(outer)
     state = dog.state()
-    assert state["doing"] is None and state["last"] == "step 3: optimizer step"
-    assert state["progress"] == 3
+    assert state["doing"] is None and state["last"] == "step 3: forward"
+    assert state["progress"] == 2
+
+
+def test_the_training_position_is_what_a_rank_does_between_its_collectives() -> None:
+    dog = make_dog(None, timeout=60)
+    position = dog.position
+    position.step, position.batches, position.since = 4, 1, time.monotonic() - 7
+    position.stage = backward_stage(final=True, world_size=2)
+    state = dog.state()
+    assert state["doing"] == "step 4: backward + gradient all-reduce" and state["for_s"] >= 7
+    inner = dog.begin("all_reduce_sum(float32[2])")  # a collective inside the step: its own
+    assert dog.state()["doing"] == "all_reduce_sum(float32[2])"
+    dog.end(inner)
+    assert dog.state()["doing"] == "step 4: backward + gradient all-reduce"
+    position.stage = OPTIMIZER_STEP
+    position.idle()
+    state = dog.state()
+    assert state["doing"] is None and state["last"] == "step 4: optimizer step"
+    # stages entered, with the collective: a rank a stage behind reads one less
+    assert state["progress"] == STAGES_PER_BATCH + OPTIMIZER_STEP.order + 1
+
+
+def test_a_batch_that_outlasts_the_timeout_is_reported_with_its_stage(capfd) -> None:
+    dog = make_dog(None, world_size=1)
+    dog.position.step, dog.position.stage, dog.position.since = 7, LOADING, time.monotonic()
+    time.sleep(0.1)
+    dog.check_once()
+    assert dog.exits == [HANG_EXIT_CODE]
+    assert "hang: rank 0 waited 0 s in step 7: loading the batch" in capfd.readouterr().err
 
 
 def test_watch_is_a_no_op_without_a_running_watchdog() -> None:

@@ -30,7 +30,10 @@ import ddpkit
 # step (RunObserver.batch_done and Console.batch_done only for a batch that ends none); the
 # per-batch hooks are called where a callback has them. In a GPT-2 step's cold caches each
 # call costs about 3.5 us (benchmarks/loop_parts.py).
-MOST_CALLS_PER_STEP = 43
+# 34 on 2026-12-07: the hang watchdog reads where the loop stands (runtime/position.py) when
+# it looks, instead of being told each stage (8 calls: begin, end, three relabels and the
+# monitor's helpers around them); the monitor's step_done runs where it checks something.
+MOST_CALLS_PER_STEP = 34
 
 
 class DictSamples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
