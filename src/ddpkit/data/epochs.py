@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class OpenedEpoch:
         iterator, total = self.batches, self.total
         for index, batch in enumerate(iterator, start=self.done + 1):
             last = index == total or bool(getattr(iterator, "last", False))
-            yield Loaded(batch, to_device(batch, device), samples_in(batch), last)
+            yield _loaded((batch, to_device(batch, device), samples_in(batch), last))
 
 
 class Loaded(NamedTuple):
@@ -132,6 +133,11 @@ class Loaded(NamedTuple):
     on_device: Any
     samples: int | None
     last: bool
+
+
+# Loaded(...) runs a NamedTuple's __new__, Python code: a call a batch (about 3 us in a GPT-2
+# step's cold caches, benchmarks/loop_parts.py); tuple.__new__ makes the same object in C
+_loaded = functools.partial(tuple.__new__, Loaded)
 
 
 def open_epoch(loader: Any, start: EpochStart) -> OpenedEpoch:

@@ -153,9 +153,15 @@ class StepClock:
         """A backward returned: the time since the last gradient was ready is exposed sync."""
         if not self.enabled:
             return
-        ready_at, ready_event = self._grads.settle(since=self._since)
-        if ready_at is None:
-            return  # no gradient hook ran: all of it stays compute
+        grads = self._grads
+        if grads.calibrated:  # the last gradient's hook alone (most backwards): no call
+            ready_at, ready_event = grads.at, grads.event
+            if ready_at is None or ready_at < self._since:
+                return  # no gradient hook ran: all of it stays compute
+        else:
+            ready_at, ready_event = grads.settle(since=self._since)
+            if ready_at is None:
+                return
         now = time.perf_counter()
         if self.tap is None and not self._cuda:  # the host's clock alone, written out as in
             since, host = self._since, self._host  # enter(): the first calls after a backward
@@ -252,14 +258,14 @@ class GradsReady:
         self._params = [p for p in params if p.requires_grad]
         self._cuda = cuda
         self._handles: dict[int, Any] = {}
-        self._calibrated = False
+        self.calibrated = False  # only the last parameter's hook is left
         self._last: int | None = None
-        self._at: float | None = None
-        self._event: Any = None
+        self.at: float | None = None  # when the last hook ran (time.perf_counter())
+        self.event: Any = None  # ... and its CUDA event
 
     def arm(self) -> None:
         """Before the first backward: a hook on every parameter."""
-        if self._calibrated or self._handles:
+        if self.calibrated or self._handles:
             return
         for index, param in enumerate(self._params):
             hook = self._hook(index)
@@ -268,15 +274,15 @@ class GradsReady:
     def settle(self, since: float) -> tuple[float | None, Any]:
         """After a backward: when its last gradient was ready (None: no hook ran since
         ``since``), and its CUDA event. The first time, only that parameter's hook stays."""
-        if not self._calibrated and self._handles and self._last is not None:
+        if not self.calibrated and self._handles and self._last is not None:
             for index, handle in list(self._handles.items()):
                 if index != self._last:
                     handle.remove()
                     del self._handles[index]
-            self._calibrated = True
-        if self._at is None or self._at < since:
+            self.calibrated = True
+        if self.at is None or self.at < since:
             return None, None
-        return self._at, self._event
+        return self.at, self.event
 
     def remove(self) -> None:
         """Remove every hook."""
@@ -286,9 +292,9 @@ class GradsReady:
 
     def _hook(self, index: int) -> Any:
         def ready(_param: torch.Tensor) -> None:
-            self._at, self._last = time.perf_counter(), index
+            self.at, self._last = time.perf_counter(), index
             if self._cuda:  # marks the GPU stream right after this gradient's kernels
-                self._event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-                self._event.record()
+                self.event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+                self.event.record()
 
         return ready

@@ -84,18 +84,18 @@ class StepGuard:
     def __init__(self, policy: NonFiniteLoss, exchange_stops: bool) -> None:
         self.policy = policy
         self.exchange_stops = exchange_stops
-        self._losses: torch.Tensor | None = None  # sum of this step's losses: NaN/inf stay
+        # This step's losses as backward got them (one-element tensors, detached): the loop
+        # appends to the list itself, no call of ours a batch; summed at the check
+        self.losses: list[torch.Tensor] = []
         self._waited = 0  # step boundaries since the last exchange
         self._due = 1  # ... when the next exchange is due (the first calibrates)
         self._last_exchange = time.monotonic()
         self._skipped_in_loop = False  # an uneven epoch: no exchange inside it
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """Add one micro-batch's loss, without waiting for it (the loop gives it detached)."""
-        value = loss.detach() if loss.requires_grad else loss
-        if value.dim() or value.dtype != torch.float32:  # a scalar fp32 loss: no op
-            value = value.float().sum()
-        self._losses = value if self._losses is None else self._losses + value
+        """Add one micro-batch's loss (any shape: its sum), without waiting for it."""
+        value = loss.detach()
+        self.losses.append(value if value.numel() == 1 else value.float().sum())
 
     def check(self, collective: bool, stop_signal: int = 0) -> Verdict:
         """The verdict for the step about to be taken.
@@ -103,8 +103,10 @@ class StepGuard:
         ``stop_signal`` is the number of the signal this rank was asked to stop by (0:
         none). Without ``collective`` (uneven batches) nothing is exchanged.
         """
-        losses, self._losses = self._losses, None
-        value = losses.item() if losses is not None else 0.0
+        losses = self.losses
+        # a Python float's sum: NaN/inf stay, and finite losses cannot overflow to inf
+        value = losses[0].item() if len(losses) == 1 else sum(loss.item() for loss in losses)
+        losses.clear()
         code = 0.0 if value - value == 0.0 else _code(value)  # finite (most steps): no call
         if not collective:
             self._skipped_in_loop = True

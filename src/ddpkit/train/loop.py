@@ -52,6 +52,8 @@ from ddpkit.train.update import Updater
 if TYPE_CHECKING:
     from typing import Unpack  # Python 3.11's; annotations are not evaluated on 3.10
 
+_NO_SIGNALS = StopSignals(enabled=False)  # never entered: its signum stays 0
+
 
 class TrainLoop:
     """The training loop and its parts. ``state`` names what to checkpoint (models, optimizers,
@@ -140,7 +142,7 @@ class TrainLoop:
         self._epochs, self._started = 0, False
         self._epoch_running: int | None = None  # the epoch whose body runs
         self._progress: EpochProgress | None = None
-        self._signals: StopSignals | None = None
+        self._signals = _NO_SIGNALS  # outside epochs(): none caught, signum 0
         self._even = True  # every rank has as many batches this epoch
         self._added: dict[str, float] = {}  # the epoch's metrics from outside its batches
         self._compiled: CompiledRun | None = None  # a compiled model's run, to its first step
@@ -185,7 +187,7 @@ class TrainLoop:
                 yield epoch
                 # run.epoch, not epoch: a replica group that healed mid-epoch took its peer's
                 self._end_epoch(self.run.epoch, ran=epoch)
-        self._epoch_running, self._signals = None, None
+        self._epoch_running, self._signals = None, _NO_SIGNALS
         self._finish(None)
 
     def batches(self, loader: Iterable[Any]) -> Iterator[Any]:
@@ -247,7 +249,7 @@ class TrainLoop:
         detached = self.updater.backward(loss)
         self.clock.backward_done()
         if self._progress is not None:
-            self._progress.note_loss(detached)
+            self._progress.losses.append(detached)  # the batch's metric by default
 
     def optimizer_step(self, *optimizers: torch.optim.Optimizer) -> bool:
         """The guard's verdict, then ``opt.step()`` and ``opt.zero_grad()`` for each of
@@ -258,7 +260,7 @@ class TrainLoop:
         self._position.stage = OPTIMIZER_STEP
         self.clock.enter(Phase.OPTIMIZER)
         chosen = list(optimizers) or list(self.run.optimizers.values())
-        self.updater.optimizer_step(chosen, self._even, self._stop_signal())
+        self.updater.optimizer_step(chosen, self._even, self._signals.signum)
         return self.updater.stepped
 
     def record(self, metrics: Mapping[str, Any], samples: Any = None) -> None:
@@ -409,7 +411,7 @@ class TrainLoop:
         self.events.call("on_train_epoch_end", metrics)  # may add metrics
         self.run.history.append(metrics)
         self.observer.epoch_done(metrics, self._epochs, trained=progress is not None)
-        signal = self.guard.epoch_end(self._stop_signal())
+        signal = self.guard.epoch_end(self._signals.signum)
         if signal:
             self._preempt(signal)
         if self.checkpointer and self.checkpointer.due_after_epoch(epoch + 1, self._epochs):
@@ -447,6 +449,3 @@ class TrainLoop:
         process ends, every rank together (the one exit point of ``train/``)."""
         self._finish(stop)
         leave(stop)
-
-    def _stop_signal(self) -> int:
-        return self._signals.signum if self._signals is not None else 0  # outside epochs(): 0

@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +80,8 @@ class EpochProgress:
         self.epoch = epoch  # counted from 0, as the sampler's set_epoch does
         self.batches = 0
         self.sums = MetricSums(current_world().device, agreed)
-        self._loss: torch.Tensor | None = None  # the batch's losses given to backward
+        # the batch's losses given to backward, detached: the loop appends them itself
+        self.losses: list[torch.Tensor] = []
         self._recorded: tuple[dict[str, Any], Any] | None = None  # the batch's own metrics
         self.generator_state: torch.Tensor | None = None  # the loader's, as the epoch began
         self.total: int | None = None  # the epoch's batches (None: unknown, a stream's)
@@ -105,10 +108,8 @@ class EpochProgress:
         self._ended = time.perf_counter()
 
     def note_loss(self, loss: torch.Tensor) -> None:
-        """A loss the batch gave to backward (several: their sum), its metric by default
-        (the loop gives it detached)."""
-        detached = loss.detach() if loss.requires_grad else loss
-        self._loss = detached if self._loss is None else self._loss + detached
+        """A loss the batch gave to backward (several: their sum), its metric by default."""
+        self.losses.append(loss.detach())
 
     def record(self, metrics: dict[str, Any], samples: Any) -> None:
         """The batch's own metrics, each a mean over ``samples`` (None: the batch's size)."""
@@ -123,7 +124,9 @@ class EpochProgress:
         ``skips_nonfinite``: a batch whose loss is NaN/inf is left out of the sums (its step
         was skipped, ``nonfinite_loss="skip"``). Under ``"error"`` such a loss ends the run
         at its step, before any sum is reported: no check, no ops per batch."""
-        loss = {} if self._loss is None else {"loss": self._loss}
+        losses = self.losses
+        summed = losses[0] if len(losses) == 1 else _sum_of(losses)  # one (most): no call
+        loss = {} if summed is None else {"loss": summed}
         metrics, recorded = self._recorded or (loss, None)
         count = recorded if recorded is not None else samples
         if count is None:
@@ -132,11 +135,12 @@ class EpochProgress:
                 "dimension): say it with loop.record(metrics, samples=N), or return a dict "
                 "with 'samples' from the step"
             )
-        if self._loss is not None and skips_nonfinite:
-            self.sums.add(*only_if_finite(self._loss, metrics, count))
+        if summed is not None and skips_nonfinite:
+            self.sums.add(*only_if_finite(summed, metrics, count))
         else:
             self.sums.add(metrics, count)
-        self._loss, self._recorded = None, None
+        losses.clear()
+        self._recorded = None
         if done is not None:
             self.batches = done
         return metrics
@@ -288,3 +292,8 @@ def say_already_trained(done: int, epochs: int) -> None:
         f"already trained {done} of {epochs} epochs; nothing to do (ask for more epochs to "
         "continue, or move the checkpoints away to train from scratch)"
     )
+
+
+def _sum_of(losses: list[torch.Tensor]) -> torch.Tensor | None:
+    """An accumulation group's batch losses added up as backward saw them (None: none)."""
+    return functools.reduce(operator.add, losses) if losses else None

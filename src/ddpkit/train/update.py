@@ -105,6 +105,10 @@ class Updater:
         # where the loss is: the run's device. Read once: loss.device makes a torch.device
         # each time, 8 us of a GPT-2 step's cold caches (benchmarks/loop_parity.py's workload)
         self._device_type = precision.device.type
+        # fp32 opens no autocast: is the backward inside one is not asked (5 us a step);
+        # a user's own autocast around it changes nothing: backward ops run in the dtypes
+        # of their forward ops (torch's autocast documentation)
+        self._autocasts = precision.precision != "fp32"
 
     def begin(self, index: int, total: int | None, last: bool) -> None:
         """Micro-batch ``index`` of ``total`` (None: unknown) starts; ``last``: the epoch's
@@ -127,12 +131,12 @@ class Updater:
         of the accumulation group, outside autocast, scaled under fp16; ``loss`` detached
         (once: a torch call of 5-10 us between a backward and the next step's work)."""
         detached = loss.detach()
-        self.guard.note_loss(detached)
+        self.guard.losses.append(detached)  # checked at the step (a scalar: backward took it)
         weight = self.groups.loss_weight() if self._across else 1.0
         loss = loss * weight if weight != 1.0 else loss
         loss = loss / self.group if self.group > 1 else loss
         device = self._device_type  # leaving autocast costs 2 us a step: only when inside it
-        if not torch.is_autocast_enabled(device):
+        if not self._autocasts or not torch.is_autocast_enabled(device):
             self.precision.backward(loss)
             return detached
         with torch.autocast(device, enabled=False):
