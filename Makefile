@@ -60,7 +60,7 @@ test-notice:
 	@echo "make test: installs into $(VENV) (torch $(patsubst torch==%,%,$(TORCH_SPEC)) CPU + test tools, pinned by $(LOCK)) and"
 	@echo "  $(OLDEST_VENV) (torch $(OLDEST_TORCH), a ~5.7 GB CUDA build, for test-oldest), each once, then kept;"
 	@echo "  as root, the cluster tests install Debian's slurm, munge, OpenMPI and OpenSSH server with apt-get the first time."
-	@echo "  Then lint, types, every test tier, and test-oldest: about 28-41 minutes on 2 cores, 55 on a slow day (docs/benchmarks.md)."
+	@echo "  Then lint, types, every test tier, and test-oldest: about 28-31 minutes on 2 cores, 55 on a slow day (docs/benchmarks.md)."
 
 # The other end of the supported range: unit tier, doctests, one 2-worker DDP run through
 # ddpkit run, resume, a restart after kill -9, SIGUSR1, and an FSDP run with its resume.
