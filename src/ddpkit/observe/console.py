@@ -46,11 +46,11 @@ class Console:
 
     def __init__(self, log_every: int | None) -> None:
         self.log_every = log_every
-        self._bar: Any = None
+        self.bar: Any = None  # the epoch's progress bar (None: hidden)
         self._since = time.perf_counter()
         self._steps = 0  # since the last line
         self._in_epoch = 0  # steps taken in this epoch (by this run, when it resumed one)
-        self._bar_shown = 0.0  # when the bar's metrics were last refreshed
+        self.bar_shown = 0.0  # when the bar's metrics were last refreshed
         self._said_setup = False
         self.times: RankTimes | None = None  # the ranks' step times, as last shared
 
@@ -69,7 +69,7 @@ class Console:
         """Epoch ``epoch`` (from 0) of ``epochs`` starts, ``done`` of ``total`` batches done."""
         self._close_bar()
         if not _bar_hidden():  # a hidden bar is not built: tqdm's set-up, every epoch, for none
-            self._bar = tqdm(
+            self.bar = tqdm(
                 desc=f"epoch {epoch + 1}/{epochs}", total=total, initial=done, leave=False
             )
         self._in_epoch = 0
@@ -77,15 +77,15 @@ class Console:
     def batch_done(self) -> None:
         """One more batch of the epoch that ended no step (an accumulation group's earlier
         one); a step's batch is counted by :meth:`step_done`."""
-        if self._bar is not None:
-            self._bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
 
     def step_done(self, where: Callable[[], str], metrics: Mapping[str, Any]) -> None:
         """After an optimizer step, its batch counted; ``where()`` says where (``epoch 1/3
         batch 2/5``) when a line is due, every ``log_every`` steps of the epoch, with rank
         0's step ``metrics``."""
-        if self._bar is not None:
-            self._bar.update(1)
+        if self.bar is not None:
+            self.bar.update(1)
             self._show_on_bar(metrics)
         self._steps += 1
         self._in_epoch += 1
@@ -107,20 +107,20 @@ class Console:
         logger.info(format_epoch(metrics, epochs, times), extra=PLAIN)
 
     def _close_bar(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
     def _show_on_bar(self, metrics: Mapping[str, Any]) -> None:
-        if self._bar is None:
+        if self.bar is None:
             return
         now = time.perf_counter()
-        if now - self._bar_shown >= 0.5:
-            self._bar_shown = now
+        if now - self.bar_shown >= 0.5:
+            self.bar_shown = now
             shown = {name: f"{float(value):.4f}" for name, value in metrics.items()}
             if self.times is not None:
                 shown["time"] = self.times.per_step()
-            self._bar.set_postfix(shown)
+            self.bar.set_postfix(shown)
 
 
 def _bar_hidden() -> bool:

@@ -96,8 +96,13 @@ class RunObserver:
             every = self.log_every  # the step lines' own steps, else the agreed window
             if (step % every == 0) if every is not None else self._since >= self.window:
                 self._share(loader, step)
-        self.profiler.step_done(step, self.ranks.latest, collective)
-        self.console.step_done(where, metrics)
+        # Each only where it has something to do a step (a call each, about 3 us in a GPT-2
+        # step's cold caches: benchmarks/loop_parts.py)
+        profiler, console = self.profiler, self.console
+        if profiler.spec is not None or profiler.window is not None:  # one ahead, or open
+            profiler.step_done(step, self.ranks.latest, collective)
+        if console.bar is not None or console.log_every:  # a bar to move, lines to show
+            console.step_done(where, metrics)
 
     def _share(self, loader: LoaderFacts | None, step: int) -> None:
         """Every rank's times, and the next window: rank 0's proposal, carried in the same

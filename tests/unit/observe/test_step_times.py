@@ -428,7 +428,7 @@ def test_the_bar_is_built_only_where_it_shows(
     console.epoch_started(0, 2, total=4, done=0)
     console.batch_done()
     console.step_done(lambda: "epoch 1/2  batch 1/4", {"loss": 0.5})
-    assert (console._bar is not None) is drawn
+    assert (console.bar is not None) is drawn
     console.epoch_done({"epoch": 1.0, "loss": 0.5}, 2)
     assert ("epoch 1/2" in stderr.getvalue()) is drawn
 
@@ -445,7 +445,7 @@ def test_the_bar_counts_every_batch_once_whether_it_ended_a_step_or_not(
     for _group in range(2):
         console.batch_done()
         console.step_done(lambda: "epoch 1/1", {"loss": 0.5})
-    assert console._bar is not None and console._bar.n == 4
+    assert console.bar is not None and console.bar.n == 4
     console.epoch_done({"epoch": 1.0, "loss": 0.5}, 1)
 
 

@@ -80,17 +80,13 @@ class RankProfiler:
         self.world = current_world()
         self.host = socket.gethostname()
         self.writing_s = 0.0  # how long the last window's end took here (stop to merged)
-        self._window: ProfileSpec | None = None
+        self.window: ProfileSpec | None = None  # the window open now (None: none)
         self._ranks: list[int] = []
         self._torch: profile | None = None
         self._phases: list[tuple[str, int, int, int]] = []
         self._step = 0
         self._anchor_ns = 0  # wall clock minus perf_counter, for the clock's phase times
         self._main_tid = 0
-
-    @property
-    def active(self) -> bool:
-        return self._window is not None
 
     def asked(self) -> bool:
         """Whether a ``request`` file asks this job for a window now (the file is taken)."""
@@ -103,7 +99,7 @@ class RankProfiler:
 
     def requested(self, step: int) -> None:
         """A rank asked for a window: it starts with the next step (all ranks agree)."""
-        if self.active:
+        if self.window is not None:
             return
         base = self.spec or ProfileSpec(1, DEFAULT_COUNT)
         self.spec = base.moved_to(step + 1)
@@ -113,13 +109,13 @@ class RankProfiler:
         """After optimizer step ``step`` (and with the run's step before its first): open
         the window that starts next, close the one that ended."""
         self._step = step + 1  # the phases that follow belong to the next step
-        window, recorder = self._window, self._torch
+        window, recorder = self.window, self._torch
         if recorder is not None and window is not None and step < window.last:
             recorder.step()  # torch's ProfilerStep#N ranges (HTA's iterations) follow ours
-        if self._window is not None and step >= self._window.last:
-            self._finish(self._window)
+        if self.window is not None and step >= self.window.last:
+            self._finish(self.window)
         elif (  # a window that starts next, or is under way (a resume): no call a step
-            self._window is None
+            self.window is None
             and collective
             and (spec := self.spec) is not None
             and spec.first - 1 <= step < spec.last
@@ -128,11 +124,11 @@ class RankProfiler:
 
     def close(self) -> None:
         """The run ends: a window still open is written with the steps it holds."""
-        if self._window is not None:
-            self._finish(self._window)
+        if self.window is not None:
+            self._finish(self.window)
 
     def _start(self, window: ProfileSpec, latest: RankTimes | None) -> None:
-        self._window, self.spec = window, None
+        self.window, self.spec = window, None
         self._ranks = _chosen_ranks(window, latest, self.world.world_size)
         if self.world.rank not in self._ranks:
             return
@@ -159,7 +155,7 @@ class RankProfiler:
         self._phases.append((phase.value, self._step, *interval))
 
     def _finish(self, window: ProfileSpec) -> None:
-        self._window, self.clock.tap = None, None
+        self.window, self.clock.tap = None, None
         started = time.perf_counter()
         if self._torch is not None:
             self._torch.stop()
