@@ -50,7 +50,7 @@ class Console:
         self._since = time.perf_counter()
         self._steps = 0  # since the last line
         self._in_epoch = 0  # steps taken in this epoch (by this run, when it resumed one)
-        self.bar_shown = 0.0  # when the bar's metrics were last refreshed
+        self._bar_shown = 0.0  # when the bar's metrics were last refreshed
         self._said_setup = False
         self.times: RankTimes | None = None  # the ranks' step times, as last shared
 
@@ -115,8 +115,8 @@ class Console:
         if self.bar is None:
             return
         now = time.perf_counter()
-        if now - self.bar_shown >= 0.5:
-            self.bar_shown = now
+        if now - self._bar_shown >= 0.5:
+            self._bar_shown = now
             shown = {name: f"{float(value):.4f}" for name, value in metrics.items()}
             if self.times is not None:
                 shown["time"] = self.times.per_step()

@@ -153,15 +153,12 @@ class StepClock:
         """A backward returned: the time since the last gradient was ready is exposed sync."""
         if not self.enabled:
             return
-        grads = self._grads
-        if grads.calibrated:  # the last gradient's hook alone (most backwards): no call
-            ready_at, ready_event = grads.at, grads.event
-            if ready_at is None or ready_at < self._since:
-                return  # no gradient hook ran: all of it stays compute
-        else:
-            ready_at, ready_event = grads.settle(since=self._since)
-            if ready_at is None:
-                return
+        grads = self._grads  # calibrated (most backwards): its last hook's time, no call
+        ready_at, ready_event = (
+            (grads.at, grads.event) if grads.calibrated else grads.settle(since=self._since)
+        )
+        if ready_at is None or ready_at < self._since:
+            return  # no gradient hook ran: all of it stays compute
         now = time.perf_counter()
         if self.tap is None and not self._cuda:  # the host's clock alone, written out as in
             since, host = self._since, self._host  # enter(): the first calls after a backward

@@ -105,9 +105,9 @@ class Updater:
         # where the loss is: the run's device. Read once: loss.device makes a torch.device
         # each time, 8 us of a GPT-2 step's cold caches (benchmarks/loop_parity.py's workload)
         self._device_type = precision.device.type
-        # fp32 opens no autocast: is the backward inside one is not asked (5 us a step);
-        # a user's own autocast around it changes nothing: backward ops run in the dtypes
-        # of their forward ops (torch's autocast documentation)
+        # fp32 opens no autocast, so torch is not asked whether the backward runs inside one
+        # (5 us a step); a user's own autocast around it changes nothing: backward ops run
+        # in the dtypes of their forward ops (torch's autocast documentation)
         self._autocasts = precision.precision != "fp32"
 
     def begin(self, index: int, total: int | None, last: bool) -> None:
